@@ -1,0 +1,26 @@
+"""Provider metadata read by Airflow through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_provider_pglogical import __version__
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-provider-pglogical",
+        "name": "PostgreSQL logical replication (pglogical CDC)",
+        "description": (
+            "Batch change-data-capture from PostgreSQL logical replication into lake tables with Spark."
+        ),
+        "versions": [__version__],
+        "connection-types": [
+            {
+                "connection-type": "pglogical",
+                "hook-class-name": "airflow_provider_pglogical.hooks.pglogical.PgLogicalHook",
+                "hook-name": "PostgreSQL logical replication",
+            }
+        ],
+        "hook-class-names": ["airflow_provider_pglogical.hooks.pglogical.PgLogicalHook"],
+    }

@@ -1,0 +1,158 @@
+"""``PgLogicalHook``: the Airflow face of the replication layer (connections, slots, publications)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from airflow.sdk import BaseHook
+
+from airflow_provider_pglogical import replication
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.replication import (
+    CreatedSlot,
+    PreflightReport,
+    PublicationInfo,
+    PublishedTable,
+    SlotInfo,
+    TableSpec,
+)
+from airflow_provider_pglogical.replication.publications import published_tables
+
+
+class PgLogicalHook(BaseHook):
+    """Connections to a PostgreSQL database for logical replication, and slot/publication management.
+
+    The Airflow connection is Postgres-style: host, port, login, password and schema (the
+    database); every extra is passed to libpq as a keyword (``sslmode``, ``sslrootcert``,
+    ``application_name``, ``options``, ...). TCP keepalives are on unless the extras say
+    otherwise. Each ``get_conn``/``get_replication_conn`` call opens a new connection that
+    the caller closes (``connection()`` does it for you); nothing connects at construction.
+
+    :param pglogical_conn_id: the Airflow connection id.
+    """
+
+    conn_name_attr = "pglogical_conn_id"
+    default_conn_name = "pglogical_default"
+    conn_type = "pglogical"
+    hook_name = "PostgreSQL logical replication"
+
+    def __init__(self, pglogical_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pglogical_conn_id = pglogical_conn_id
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": [],
+            "relabeling": {"schema": "Database"},
+            "placeholders": {"extra": '{"sslmode": "require", "application_name": "airflow-pglogical"}'},
+        }
+
+    def connection_params(self) -> dict[str, Any]:
+        """libpq keywords for the connection (contains the password: never log it)."""
+        conn = self.get_connection(self.pglogical_conn_id)
+        params: dict[str, Any] = {
+            "host": conn.host,
+            "port": conn.port,
+            "user": conn.login,
+            "password": conn.password,
+            "dbname": conn.schema,
+        }
+        params.update(conn.extra_dejson)
+        return {key: value for key, value in params.items() if value not in (None, "")}
+
+    def get_conn(self, **extra: Any) -> Any:
+        """A new autocommit psycopg2 connection; ``extra`` adds libpq keywords."""
+        return replication.connect(self.connection_params(), **extra)
+
+    def get_replication_conn(self, **extra: Any) -> Any:
+        """A new psycopg2 ``LogicalReplicationConnection`` to the same database."""
+        return replication.connect_replication(self.connection_params(), **extra)
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Any]:
+        """A normal connection that is closed on exit."""
+        conn = self.get_conn()
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the Airflow UI's Test button: connects and runs the preflight checks."""
+        try:
+            report = self.check_prerequisites()
+        except Exception as exc:
+            return False, str(exc)
+        return True, f"ready for logical replication: PostgreSQL {report.server_version}, role {report.role}"
+
+    def check_prerequisites(self) -> PreflightReport:
+        """Raise the specific error of the first unmet prerequisite (wal_level, slots, privileges, ...)."""
+        with self.connection() as conn:
+            return replication.check_prerequisites(conn)
+
+    def create_publication(self, name: str, tables: Sequence[TableSpec] = (), **options: Any) -> None:
+        """See :func:`airflow_provider_pglogical.replication.create_publication`."""
+        with self.connection() as conn:
+            replication.create_publication(conn, name, tables, **options)
+
+    def alter_publication(self, name: str, **changes: Any) -> None:
+        """See :func:`airflow_provider_pglogical.replication.alter_publication`."""
+        with self.connection() as conn:
+            replication.alter_publication(conn, name, **changes)
+
+    def drop_publication(self, name: str, *, if_exists: bool = True) -> None:
+        with self.connection() as conn:
+            replication.drop_publication(conn, name, if_exists=if_exists)
+
+    def describe_publications(self, names: Sequence[str]) -> list[PublicationInfo]:
+        with self.connection() as conn:
+            return replication.describe_publications(conn, names)
+
+    def published_tables(self, names: Sequence[str]) -> list[PublishedTable]:
+        """Tables the publications publish together, with their combined row filter and column list."""
+        with self.connection() as conn:
+            return published_tables(conn, names)
+
+    def create_slot(self, name: str, *, temporary: bool = False, two_phase: bool = False) -> CreatedSlot:
+        """Create a pgoutput slot without exporting a snapshot (its stream starts now)."""
+        with self.connection() as conn:
+            return replication.create_slot(conn, name, temporary=temporary, two_phase=two_phase)
+
+    def create_slot_with_snapshot(self, name: str, *, temporary: bool = False) -> tuple[CreatedSlot, Any]:
+        """Create a slot exporting its snapshot; returns the slot and the replication connection.
+
+        The snapshot lives only while that connection is open and idle, so it is handed to
+        the caller, who closes it after the copy. ``idle_in_transaction_session_timeout``
+        is turned off for it, because that timeout would otherwise end the holder mid-copy.
+        """
+        repl_conn = self.get_replication_conn(options="-c idle_in_transaction_session_timeout=0")
+        try:
+            return replication.create_slot_with_snapshot(repl_conn, name, temporary=temporary), repl_conn
+        except BaseException:
+            repl_conn.close()
+            raise
+
+    def describe_slot(self, name: str) -> SlotInfo:
+        with self.connection() as conn:
+            return replication.describe_slot(conn, name)
+
+    def list_slots(self, *, this_database_only: bool = True) -> list[SlotInfo]:
+        with self.connection() as conn:
+            database = conn.get_dsn_parameters().get("dbname") if this_database_only else None
+            return replication.list_slots(conn, database=database)
+
+    def slot_lag_bytes(self, name: str) -> int:
+        with self.connection() as conn:
+            return replication.slot_lag_bytes(conn, name)
+
+    def advance_slot(self, name: str, lsn: Lsn | str) -> Lsn:
+        """Advance the slot's confirmed position (never backwards); returns the new position."""
+        with self.connection() as conn:
+            return replication.advance_slot(conn, name, Lsn(lsn))
+
+    def drop_slot(self, name: str, *, if_exists: bool = True) -> bool:
+        with self.connection() as conn:
+            return replication.drop_slot(conn, name, if_exists=if_exists)

@@ -1,0 +1,60 @@
+"""Opening normal and logical-replication psycopg2 connections with the settings CDC needs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+
+# Replication connections sit idle for long stretches (holding an exported snapshot, or
+# between keepalives); TCP keepalives stop middleboxes from silently dropping them.
+KEEPALIVE_DEFAULTS: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 5,
+}
+
+# ISO dates, UTC and ISO-8601 intervals make the text form of values stable, which the
+# type conversion (types.py) relies on, whatever the server's or role's defaults are.
+SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3"
+
+ConnParams = str | Mapping[str, Any]
+
+
+def _merge(params: ConnParams, extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Split ``params`` into a DSN string and keyword arguments, with our defaults under them."""
+    if isinstance(params, str):
+        dsn, kwargs = params, {}
+        given: Mapping[str, Any] = psycopg2.extensions.parse_dsn(params) if params else {}
+    else:
+        dsn, kwargs = "", dict(params)
+        given = params
+    for key, value in KEEPALIVE_DEFAULTS.items():
+        if key not in given and key not in extra:
+            kwargs[key] = value
+    options = [SESSION_OPTIONS, given.get("options"), extra.get("options")]
+    kwargs.update(extra)
+    kwargs["options"] = " ".join(str(option) for option in options if option)
+    return dsn, kwargs
+
+
+def connect(params: ConnParams, *, autocommit: bool = True, **extra: Any) -> Any:
+    """A normal connection (autocommit by default: catalog queries must not hold snapshots).
+
+    ``params`` is a libpq DSN or a mapping of libpq keywords; ``extra`` adds keywords
+    (``options`` is appended to ours rather than replacing it).
+    """
+    dsn, kwargs = _merge(params, extra)
+    conn = psycopg2.connect(dsn, **kwargs)
+    conn.autocommit = autocommit
+    return conn
+
+
+def connect_replication(params: ConnParams, **extra: Any) -> Any:
+    """A ``LogicalReplicationConnection`` (``replication=database``) to the same database."""
+    dsn, kwargs = _merge(params, extra)
+    return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs)

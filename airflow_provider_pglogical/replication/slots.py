@@ -1,0 +1,237 @@
+"""Logical replication slots (pgoutput): create, describe, measure lag, advance, drop.
+
+Slot names are validated the way PostgreSQL validates them (lower-case letters, digits and
+underscores, at most 63 bytes) before any SQL is built, and are then passed as literals or
+quoted identifiers, so a hostile name is rejected, never executed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+from psycopg2 import sql
+
+from airflow_provider_pglogical.errors import (
+    SlotActiveError,
+    SlotAdvanceError,
+    SlotExistsError,
+    SlotLostError,
+    SlotNotFoundError,
+)
+from airflow_provider_pglogical.lsn import Lsn
+
+OUTPUT_PLUGIN = "pgoutput"
+_SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
+
+
+def validate_slot_name(name: str) -> str:
+    """Return ``name`` if PostgreSQL would accept it as a slot name, else raise ``ValueError``."""
+    if not _SLOT_NAME.match(name):
+        raise ValueError(
+            f"invalid replication slot name {name!r}: use 1 to 63 lower-case letters, digits or underscores"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedSlot:
+    """What creating a slot returns: its consistent point and, if exported, the snapshot name."""
+
+    slot_name: str
+    consistent_point: Lsn
+    snapshot_name: str | None
+    output_plugin: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """A row of ``pg_replication_slots`` plus the server's current WAL position."""
+
+    slot_name: str
+    plugin: str | None
+    slot_type: str
+    database: str | None
+    temporary: bool
+    active: bool
+    active_pid: int | None
+    restart_lsn: Lsn | None
+    confirmed_flush_lsn: Lsn | None
+    wal_status: str | None
+    safe_wal_size: int | None
+    two_phase: bool
+    current_wal_lsn: Lsn
+
+    @property
+    def lag_bytes(self) -> int | None:
+        """WAL written since the slot's confirmed position: what a drain still has to read."""
+        if self.confirmed_flush_lsn is None:
+            return None
+        return max(0, self.current_wal_lsn - self.confirmed_flush_lsn)
+
+    @property
+    def retained_bytes(self) -> int | None:
+        """WAL the slot keeps on the server's disk (from its restart position)."""
+        if self.restart_lsn is None:
+            return None
+        return max(0, self.current_wal_lsn - self.restart_lsn)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("restart_lsn", "confirmed_flush_lsn", "current_wal_lsn"):
+            data[key] = None if data[key] is None else str(data[key])
+        data["lag_bytes"] = self.lag_bytes
+        data["retained_bytes"] = self.retained_bytes
+        return data
+
+
+def _lsn(value: str | None) -> Lsn | None:
+    return None if value is None else Lsn.parse(value)
+
+
+def create_slot_with_snapshot(repl_conn: Any, name: str, *, temporary: bool = False) -> CreatedSlot:
+    """``CREATE_REPLICATION_SLOT … LOGICAL pgoutput (SNAPSHOT 'export')`` on a replication connection.
+
+    The exported snapshot stays importable (``SET TRANSACTION SNAPSHOT``) only while
+    ``repl_conn`` stays open and runs no other command: the caller keeps it idle for the
+    whole copy. A temporary slot disappears with the connection.
+    """
+    validate_slot_name(name)
+    command = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export')").format(
+        sql.Identifier(name), sql.SQL("TEMPORARY " if temporary else ""), sql.Identifier(OUTPUT_PLUGIN)
+    )
+    try:
+        with repl_conn.cursor() as cur:
+            cur.execute(command)
+            slot_name, consistent_point, snapshot_name, plugin = cur.fetchone()
+    except psycopg2.errors.DuplicateObject as exc:
+        raise SlotExistsError(
+            f"replication slot {name!r} already exists; drop it first (a re-snapshot drops and recreates it)"
+        ) from exc
+    return CreatedSlot(slot_name, Lsn.parse(consistent_point), snapshot_name, plugin)
+
+
+def create_slot(conn: Any, name: str, *, temporary: bool = False, two_phase: bool = False) -> CreatedSlot:
+    """Create a pgoutput slot through SQL (no exported snapshot); its stream starts now."""
+    validate_slot_name(name)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT slot_name, lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)",
+                (name, OUTPUT_PLUGIN, temporary, two_phase),
+            )
+            slot_name, lsn = cur.fetchone()
+    except psycopg2.errors.DuplicateObject as exc:
+        raise SlotExistsError(f"replication slot {name!r} already exists") from exc
+    return CreatedSlot(slot_name, Lsn.parse(lsn), None, OUTPUT_PLUGIN)
+
+
+_SLOTS_SQL = """
+SELECT slot_name::text, plugin::text, slot_type, database::text, temporary, active, active_pid,
+       restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size, two_phase,
+       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text
+FROM pg_replication_slots
+"""
+
+
+def _slot_info(row: tuple[Any, ...]) -> SlotInfo:
+    (
+        name,
+        plugin,
+        slot_type,
+        database,
+        temporary,
+        active,
+        pid,
+        restart,
+        confirmed,
+        wal_status,
+        safe,
+        two_phase,
+        now,
+    ) = row
+    return SlotInfo(
+        name, plugin, slot_type, database, temporary, active, pid, _lsn(restart), _lsn(confirmed),
+        wal_status, safe, two_phase, Lsn.parse(now),
+    )  # fmt: skip
+
+
+def list_slots(conn: Any, *, database: str | None = None) -> list[SlotInfo]:
+    """All slots of the server, or of one database, sorted by name."""
+    query = _SLOTS_SQL + (" WHERE database = %s" if database else "") + " ORDER BY slot_name"
+    with conn.cursor() as cur:
+        cur.execute(query, (database,) if database else None)
+        return [_slot_info(row) for row in cur.fetchall()]
+
+
+def describe_slot(conn: Any, name: str) -> SlotInfo:
+    """One slot's state; ``SlotNotFoundError`` names the slots that do exist."""
+    validate_slot_name(name)
+    with conn.cursor() as cur:
+        cur.execute(_SLOTS_SQL + " WHERE slot_name = %s", (name,))
+        row = cur.fetchone()
+    if row is None:
+        existing = [slot.slot_name for slot in list_slots(conn)]
+        raise SlotNotFoundError(
+            f"replication slot {name!r} does not exist (existing: {', '.join(existing) or 'none'}). "
+            "Create it with the initial snapshot, which exports the snapshot the copy needs."
+        )
+    return _slot_info(row)
+
+
+def slot_lag_bytes(conn: Any, name: str) -> int:
+    """``pg_current_wal_lsn() - confirmed_flush_lsn`` in bytes."""
+    lag = describe_slot(conn, name).lag_bytes
+    if lag is None:
+        raise SlotNotFoundError(f"slot {name!r} is not a logical slot with a confirmed position")
+    return lag
+
+
+def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
+    """Move the slot's confirmed position forward to ``lsn`` and return where it now stands.
+
+    A target at or behind the current position changes nothing (advancing is idempotent,
+    and a slot never moves backwards). Refuses lost and active slots with specific errors.
+    """
+    slot = describe_slot(conn, name)
+    if slot.wal_status == "lost":
+        raise SlotLostError(
+            f"replication slot {name!r} was invalidated (wal_status = lost): the WAL it needed was removed. "
+            "Recover with a new slot and a re-snapshot of every table (the pglogical recovery DAG)."
+        )
+    if slot.confirmed_flush_lsn is not None and lsn <= slot.confirmed_flush_lsn:
+        return slot.confirmed_flush_lsn
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)", (name, str(lsn))
+            )
+            (end_lsn,) = cur.fetchone()
+    except psycopg2.errors.ObjectInUse as exc:
+        raise SlotActiveError(
+            f"replication slot {name!r} is active (pid {slot.active_pid}); stop the other consumer or wait "
+            "for it to finish before advancing"
+        ) from exc
+    except psycopg2.Error as exc:
+        raise SlotAdvanceError(f"could not advance slot {name!r} to {lsn}: {exc.pgerror or exc}") from exc
+    return Lsn.parse(end_lsn)
+
+
+def drop_slot(conn: Any, name: str, *, if_exists: bool = True) -> bool:
+    """Drop a slot; returns whether one was dropped. An active slot raises ``SlotActiveError``."""
+    validate_slot_name(name)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+    except psycopg2.errors.UndefinedObject as exc:
+        if if_exists:
+            return False
+        raise SlotNotFoundError(f"replication slot {name!r} does not exist") from exc
+    except psycopg2.errors.ObjectInUse as exc:
+        raise SlotActiveError(
+            f"replication slot {name!r} is in use by another connection; stop that consumer first"
+        ) from exc
+    return True
