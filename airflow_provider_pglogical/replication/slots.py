@@ -194,7 +194,9 @@ def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
     """Move the slot's confirmed position forward to ``lsn`` and return where it now stands.
 
     A target at or behind the current position changes nothing (advancing is idempotent,
-    and a slot never moves backwards). Refuses lost and active slots with specific errors.
+    and a slot never moves backwards). PostgreSQL stops at the WAL flushed so far, so the
+    returned position may be short of a target beyond it. Refuses lost and active slots
+    with specific errors.
     """
     slot = describe_slot(conn, name)
     if slot.wal_status == "lost":

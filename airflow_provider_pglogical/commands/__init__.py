@@ -1,0 +1,1 @@
+"""Subcommands of the ``pglogical`` CLI, one module each, each exposing ``register(subparsers)``."""
