@@ -42,7 +42,6 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "max_wal_senders": "20",
     "max_connections": "100",
     "fsync": "off",
-    "synchronous_commit": "off",
     "full_page_writes": "off",
     "shared_buffers": "128MB",
     "listen_addresses": "'127.0.0.1'",

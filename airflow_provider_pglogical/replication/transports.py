@@ -1,0 +1,363 @@
+"""Reading raw pgoutput messages from a slot without ever moving it.
+
+Two transports deliver the same thing, runs of raw messages (:class:`RawMessages`) for the
+transactions a slot holds between its confirmed position and a bound:
+
+* :class:`PeekTransport` (the default) runs ``pg_logical_slot_peek_binary_changes`` inside
+  ``COPY … TO STDOUT (FORMAT binary)``. Peeking never consumes, and COPY hands the rows over
+  as one byte stream that is cut into bounded chunks, instead of a Python object per column
+  per row (a server-side cursor spent seconds on that alone).
+* :class:`StreamingTransport` runs ``START_REPLICATION`` (protocol 2, ``streaming on`` for
+  large transactions). psycopg2 confirms a keepalive's WAL end by itself whenever no data
+  message is pending, and answers the server's reply requests with that position, so feedback
+  cannot be fully controlled on the stream itself (measured: the slot moved with only
+  unpublished tables written). The transport therefore streams from a *temporary copy* of
+  the slot (``pg_copy_logical_replication_slot``) made on the replication connection: the copy
+  starts at the slot's exact position, whatever feedback it receives dies with the
+  connection, and the real slot is never touched. It needs one free replication slot.
+
+Both stop on a transaction boundary: the peek at the server's ``upto_lsn``/``upto_nchanges``,
+the stream at the first commit past the bound or the message limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import select
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import psycopg2
+import psycopg2.errors
+from psycopg2 import sql
+
+from airflow_provider_pglogical.errors import PgLogicalError, SlotActiveError, SlotNotFoundError
+from airflow_provider_pglogical.lsn import Lsn
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 64 << 20
+
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_HEADER = struct.Struct("!11sii")
+# One peek row in binary COPY: 3 fields; pg_lsn (8 bytes), xid (4 bytes), bytea (n bytes).
+_ROW_HEAD = struct.Struct("!hiQiIi")
+_ROW_HEAD_SIZE = _ROW_HEAD.size
+_BEGIN_FINAL_LSN = struct.Struct("!Q")
+
+
+class TransportError(PgLogicalError):
+    """The server ended or garbled a replication stream."""
+
+
+@dataclass(slots=True)
+class RawMessages:
+    """A run of raw pgoutput messages sharing one buffer.
+
+    Message ``i`` is ``buffer[offsets[i]:offsets[i] + lengths[i]]``, written to WAL at
+    ``lsns[i]`` by transaction ``xids[i]`` (0 when the transport does not know it). Keeping
+    one buffer with offsets lets the columnar decoder parse many messages at once.
+    """
+
+    buffer: bytes
+    offsets: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+    lsns: npt.NDArray[np.uint64]
+    xids: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def message(self, index: int) -> bytes:
+        start = int(self.offsets[index])
+        return self.buffer[start : start + int(self.lengths[index])]
+
+    def __iter__(self) -> Iterator[tuple[Lsn, bytes]]:
+        for index in range(len(self)):
+            yield Lsn(int(self.lsns[index])), self.message(index)
+
+    @classmethod
+    def from_messages(cls, messages: Sequence[tuple[int, bytes]]) -> RawMessages:
+        """Join ``(lsn, payload)`` pairs into one buffer."""
+        lengths = np.fromiter((len(p) for _, p in messages), dtype=np.int64, count=len(messages))
+        offsets = np.zeros(len(messages), dtype=np.int64)
+        if len(messages) > 1:
+            np.cumsum(lengths[:-1], out=offsets[1:])
+        lsns = np.fromiter((lsn for lsn, _ in messages), dtype=np.uint64, count=len(messages))
+        xids = np.zeros(len(messages), dtype=np.int64)
+        return cls(b"".join(p for _, p in messages), offsets, lengths, lsns, xids)
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """How a read ended: whether a limit cut it short, and how far the server had decoded."""
+
+    messages: int = 0
+    bytes: int = 0
+    truncated: bool = False
+    wal_end: Lsn | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def plugin_options(
+    publications: Sequence[str], *, proto_version: int = 1, binary: bool = False, messages: bool = False,
+    streaming: bool = False,
+) -> list[tuple[str, str]]:  # fmt: skip
+    """pgoutput's options as name/value pairs, in the order the server expects none of."""
+    options = [("proto_version", str(proto_version)), ("publication_names", ",".join(publications))]
+    if binary:
+        options.append(("binary", "true"))
+    if messages:
+        options.append(("messages", "true"))
+    if streaming:
+        options.append(("streaming", "on"))
+    return options
+
+
+def _translate(exc: psycopg2.Error, slot: str) -> BaseException:
+    if isinstance(exc, psycopg2.errors.ObjectInUse):
+        return SlotActiveError(
+            f"replication slot {slot!r} is active in another connection (another drain or a subscriber); "
+            "a slot has one consumer at a time. Stop the other consumer or wait for it to finish."
+        )
+    if isinstance(exc, psycopg2.errors.UndefinedObject) and "replication slot" in str(exc):
+        return SlotNotFoundError(f"replication slot {slot!r} does not exist")
+    translated: BaseException = exc
+    return translated
+
+
+class _ChunkWriter:
+    """The file object COPY writes into: cuts the stream into chunks of about ``chunk_bytes``."""
+
+    def __init__(self, chunks: queue.Queue[bytes | BaseException | None], chunk_bytes: int) -> None:
+        self._chunks = chunks
+        self._chunk_bytes = chunk_bytes
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= self._chunk_bytes:
+            self.flush()
+        return len(data)
+
+    def flush(self) -> None:
+        if self._parts:
+            self._chunks.put(b"".join(self._parts))
+            self._parts, self._size = [], 0
+
+
+class PeekTransport:
+    """Non-consuming reads through ``pg_logical_slot_peek_binary_changes`` (see module docstring)."""
+
+    def __init__(self, conn: Any, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self.conn = conn
+        self.chunk_bytes = chunk_bytes
+
+    def read(
+        self,
+        slot: str,
+        options: Sequence[tuple[str, str]],
+        *,
+        upto_lsn: Lsn,
+        max_messages: int | None,
+        result: ReadResult,
+    ) -> Iterator[RawMessages]:
+        """Yield the slot's messages of transactions committed before ``upto_lsn``, in chunks.
+
+        ``max_messages`` ends the read at the first transaction boundary at or past that many
+        messages (the server's ``upto_nchanges``); ``result.truncated`` then says so.
+        """
+        flat = [sql.Literal(item) for pair in options for item in pair]
+        query = sql.SQL(
+            "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes({}, {}::pg_lsn, {}, {})) "
+            "TO STDOUT (FORMAT binary)"
+        ).format(
+            sql.Literal(slot), sql.Literal(str(upto_lsn)), sql.Literal(max_messages), sql.SQL(", ").join(flat)
+        )
+        chunks: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=2)
+        writer = _ChunkWriter(chunks, self.chunk_bytes)
+
+        def copy() -> None:
+            try:
+                with self.conn.cursor() as cur:
+                    cur.copy_expert(query, writer)
+                writer.flush()
+                chunks.put(None)
+            except BaseException as exc:  # handed to the reading thread, which raises it
+                chunks.put(exc)
+
+        thread = threading.Thread(target=copy, name=f"peek-{slot}", daemon=True)
+        thread.start()
+        try:
+            yield from self._parse(chunks, result, slot)
+        finally:
+            if thread.is_alive():  # the consumer stopped early: cancel the COPY, unblock the writer
+                self.conn.cancel()
+            while thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    chunks.get(timeout=0.1)
+            thread.join()
+        if max_messages is not None and result.messages >= max_messages:
+            result.truncated = True
+
+    def _parse(
+        self, chunks: queue.Queue[bytes | BaseException | None], result: ReadResult, slot: str
+    ) -> Iterator[RawMessages]:
+        tail = b""
+        header_seen = False
+        while True:
+            item = chunks.get()
+            if isinstance(item, BaseException):
+                raise _translate(item, slot) if isinstance(item, psycopg2.Error) else item
+            if item is None:
+                if tail:
+                    raise TransportError(f"COPY stream ended inside a row ({len(tail)} bytes left)")
+                return
+            data = tail + item if tail else item
+            pos = 0
+            if not header_seen:
+                signature, _flags, ext = _COPY_HEADER.unpack_from(data, 0)
+                if signature != _COPY_SIGNATURE:
+                    raise TransportError("not a binary COPY stream")
+                pos = _COPY_HEADER.size + ext
+                header_seen = True
+            batch, pos, done = _split_rows(data, pos)
+            tail = b"" if done else data[pos:]
+            if len(batch):
+                result.messages += len(batch)
+                result.bytes += int(batch.lengths.sum())
+                yield batch
+            if done:
+                return
+
+
+def _split_rows(data: bytes, pos: int) -> tuple[RawMessages, int, bool]:
+    """Index the complete rows of a binary COPY chunk; returns the rows, where the rest starts,
+    and whether the end-of-data marker was reached."""
+    offsets: list[int] = []
+    lengths: list[int] = []
+    lsns: list[int] = []
+    xids: list[int] = []
+    end = len(data)
+    unpack = _ROW_HEAD.unpack_from
+    done = False
+    while pos + 2 <= end:
+        if data[pos : pos + 2] == b"\xff\xff":
+            done = True
+            pos += 2
+            break
+        if pos + _ROW_HEAD_SIZE > end:
+            break
+        nfields, _, lsn, _, xid, length = unpack(data, pos)
+        if nfields != 3:
+            raise TransportError(f"unexpected COPY row with {nfields} fields")
+        start = pos + _ROW_HEAD_SIZE
+        if start + length > end:
+            break
+        offsets.append(start)
+        lengths.append(length)
+        lsns.append(lsn)
+        xids.append(xid)
+        pos = start + length
+    raw = RawMessages(
+        data,
+        np.array(offsets, dtype=np.int64),
+        np.array(lengths, dtype=np.int64),
+        np.array(lsns, dtype=np.uint64),
+        np.array(xids, dtype=np.int64),
+    )
+    return raw, pos, done
+
+
+class StreamingTransport:
+    """``START_REPLICATION`` on a temporary copy of the slot (see module docstring).
+
+    :param conn: a ``LogicalReplicationConnection``, used for this one read.
+    """
+
+    def __init__(self, conn: Any, *, chunk_messages: int = 100_000, idle_timeout: float = 1.0) -> None:
+        self.conn = conn
+        self.chunk_messages = chunk_messages
+        self.idle_timeout = idle_timeout
+
+    def read(
+        self,
+        slot: str,
+        options: Sequence[tuple[str, str]],
+        *,
+        start_lsn: Lsn,
+        upto_lsn: Lsn,
+        max_messages: int | None,
+        result: ReadResult,
+        deadline_seconds: float = 3600.0,
+    ) -> Iterator[RawMessages]:
+        """Yield messages of transactions that commit before ``upto_lsn``, in chunks.
+
+        Stops on a transaction boundary: at the first Begin whose commit lies at or past
+        ``upto_lsn``, at the first boundary after ``max_messages``, or when the server says
+        it has decoded past ``upto_lsn`` and no transaction is open.
+        """
+        stream = self.conn.cursor()
+        copy_name = f"{slot[:40]}_drain_{self.conn.get_backend_pid()}"
+        try:
+            stream.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, copy_name))
+            stream.start_replication(
+                slot_name=copy_name,
+                decode=False,
+                start_lsn=int(start_lsn),
+                options=dict(options),
+                status_interval=deadline_seconds * 10,
+            )
+        except psycopg2.Error as exc:
+            raise _translate(exc, slot) from exc
+        try:
+            yield from self._pump(stream, upto_lsn, max_messages, result, time.monotonic() + deadline_seconds)
+        finally:
+            stream.close()
+
+    def _pump(
+        self, stream: Any, upto_lsn: Lsn, max_messages: int | None, result: ReadResult, deadline: float
+    ) -> Iterator[RawMessages]:
+        pending: list[tuple[int, bytes]] = []
+        inside = False  # within Begin..Commit or a streamed block Stream Start..Stream Stop
+        while time.monotonic() < deadline:
+            msg = stream.read_message()
+            if msg is None:
+                wal_end = Lsn(stream.wal_end)
+                if not inside and wal_end >= upto_lsn:
+                    result.wal_end = wal_end
+                    break
+                select.select([self.conn], [], [], self.idle_timeout)
+                continue
+            payload: bytes = msg.payload
+            kind = payload[:1]
+            if kind == b"B" and Lsn(_BEGIN_FINAL_LSN.unpack_from(payload, 1)[0]) >= upto_lsn:
+                result.wal_end = upto_lsn
+                break
+            if kind in (b"B", b"S"):
+                inside = True
+            elif kind in (b"C", b"E"):
+                inside = False
+            pending.append((msg.data_start, payload))
+            result.messages += 1
+            result.bytes += len(payload)
+            if not inside and len(pending) >= self.chunk_messages:
+                yield RawMessages.from_messages(pending)
+                pending = []
+            if not inside and max_messages is not None and result.messages >= max_messages:
+                result.truncated = True
+                break
+        else:
+            raise TransportError(f"streaming did not reach {upto_lsn} within the drain's deadline")
+        if pending:
+            yield RawMessages.from_messages(pending)
