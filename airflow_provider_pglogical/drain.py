@@ -1,0 +1,433 @@
+"""Drain one bounded micro-batch from a slot into staged Parquet, without moving the slot.
+
+The batch starts at the slot's ``confirmed_flush_lsn`` and ends at a bound fixed when the
+drain starts (the server's flushed WAL position, lowered by ``max_bytes``) or at the first
+commit after ``max_messages``, whichever comes first; it always ends on a commit boundary.
+Its end LSN is where the slot may be advanced once the batch is applied:
+
+* the last transaction's end LSN when the message limit cut the read short;
+* the bound otherwise, even when nothing was published in between (an idle or filtered
+  database must not pin WAL forever): every transaction committing before the bound has been
+  read, and one committing after it is still ahead of the slot.
+
+Staging is ``<staging>/<slot>/batch-<start LSN hex16>/`` (tables, then ``_manifest.json``
+last). The start LSN names the batch because the slot cannot have moved while the batch is
+unapplied, so a retry of the same drain finds its own complete batch and reuses it; a
+directory without a manifest is a half-written attempt and is deleted and redone.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from airflow_provider_pglogical.errors import PgLogicalError, SlotActiveError, SlotLostError
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.manifest import (
+    ColumnManifest,
+    Manifest,
+    ManifestStats,
+    TableManifest,
+    table_dir_name,
+)
+from airflow_provider_pglogical.pgoutput import BatchDecoder, DecodedBatch, Relation, TableChanges
+from airflow_provider_pglogical.replication import (
+    connect,
+    connect_replication,
+    describe_publications,
+    describe_slot,
+)
+from airflow_provider_pglogical.replication.connection import ConnParams
+from airflow_provider_pglogical.replication.transports import (
+    PeekTransport,
+    RawMessages,
+    ReadResult,
+    StreamingTransport,
+    plugin_options,
+)
+from airflow_provider_pglogical.staging import PartFileWriter, StagingLocation
+from airflow_provider_pglogical.types import pg_type_name
+
+log = logging.getLogger(__name__)
+
+Transport = Literal["peek", "stream"]
+_COMMIT = ord("C")
+_STREAM_COMMIT = ord("c")
+
+
+class StagingNotWritableError(PgLogicalError):
+    """The staging location cannot be written (permissions, missing bucket, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSettings:
+    """What to drain and how.
+
+    :param slot: the replication slot (pgoutput).
+    :param publications: publication names passed to pgoutput.
+    :param staging: staging root (local path, ``file://``, ``s3://``, ``gs://``, ``hdfs://``).
+    :param transport: ``"peek"`` (SQL interface, the default: several times faster for
+        batches) or ``"stream"`` (``START_REPLICATION`` protocol 2 with ``streaming on``).
+    :param max_messages: stop at the first commit after this many pgoutput messages.
+    :param max_bytes: bound the WAL window read to this many bytes after the start.
+    :param binary: ask pgoutput for binary values where the type allows (off: text values,
+        which the type mapping expects).
+    """
+
+    slot: str
+    publications: tuple[str, ...]
+    staging: str
+    transport: Transport = "peek"
+    max_messages: int | None = 1_000_000
+    max_bytes: int | None = None
+    chunk_bytes: int = 64 << 20
+    max_rows_per_batch: int = 65_536
+    progress_seconds: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """The staged batch: its manifest, where it is, and whether an earlier attempt made it."""
+
+    manifest: Manifest
+    manifest_uri: str
+    batch_uri: str
+    reused: bool
+
+    def summary(self) -> dict[str, Any]:
+        """Small JSON for XCom: where the manifest is and what the batch holds."""
+        return {
+            "manifest": self.manifest_uri,
+            "batch_uri": self.batch_uri,
+            "slot": self.manifest.slot,
+            "batch_id": self.manifest.batch_id,
+            "start_lsn": str(self.manifest.start_lsn),
+            "end_lsn": str(self.manifest.end_lsn),
+            "changes": self.manifest.stats.changes,
+            "transactions": self.manifest.stats.transactions,
+            "tables": {t.qualified: t.rows for t in self.manifest.tables},
+            "reused": self.reused,
+            "seconds": self.manifest.stats.seconds,
+        }
+
+
+def batch_id_for(start: Lsn) -> str:
+    """The staging directory name of the batch starting at ``start``."""
+    return f"batch-{int(start):016X}"
+
+
+@dataclass(slots=True)
+class _TableOutput:
+    """The part files of one table across the relation versions seen in this batch."""
+
+    schema: str
+    table: str
+    relation: Relation
+    writers: list[PartFileWriter] = field(default_factory=list)
+    shapes: list[Relation] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(w.rows for w in self.writers)
+
+
+class _Stager:
+    """Routes decoded table changes to bounded Parquet part files, one writer per relation version."""
+
+    def __init__(self, location: StagingLocation, batch_dir: str) -> None:
+        self.location = location
+        self.batch_dir = batch_dir
+        self.tables: dict[tuple[str, str], _TableOutput] = {}
+
+    def add(self, changes: TableChanges) -> None:
+        relation = changes.relation
+        key = (relation.namespace, relation.name)
+        out = self.tables.get(key)
+        if out is None:
+            out = self.tables[key] = _TableOutput(relation.namespace, relation.name, relation)
+        if not out.shapes or not out.shapes[-1].same_shape(relation):
+            directory = self.location.path(self.batch_dir, table_dir_name(*key))
+            prefix = f"part-v{len(out.shapes):03d}"
+            schema = changes.batches[0].schema if changes.batches else changes.to_table().schema
+            out.writers.append(PartFileWriter(self.location, directory, schema, prefix=prefix))
+            out.shapes.append(relation)
+            out.relation = relation
+        out.writers[-1].write_all(changes.batches)
+
+    def close(self) -> list[TableManifest]:
+        manifests = []
+        for out in self.tables.values():
+            for writer in out.writers:
+                writer.close()
+            manifests.append(_table_manifest(out, self.location, self.batch_dir))
+        return manifests
+
+    def abort(self) -> None:
+        for out in self.tables.values():
+            for writer in out.writers:
+                writer.abort()
+
+
+def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str) -> TableManifest:
+    """Columns of the latest relation version first, then any dropped mid-batch (still in older files)."""
+    columns: dict[str, ColumnManifest] = {}
+    for relation, writer in zip(reversed(out.shapes), reversed(out.writers), strict=True):
+        for column in relation.columns:
+            if column.name not in columns:
+                columns[column.name] = ColumnManifest(
+                    name=column.name,
+                    pg_type=pg_type_name(column.type_oid),
+                    type_oid=column.type_oid,
+                    typmod=column.typmod,
+                    arrow_type=str(writer.schema.field(column.name).type),
+                    key=column.is_key,
+                )
+    prefix = location.path(batch_dir) + "/"
+    files = tuple(path[len(prefix) :] for writer in out.writers for path in writer.files)
+    identity = out.relation.replica_identity
+    warnings: tuple[str, ...] = ()
+    if identity == "n" or not out.relation.key_columns:
+        warnings = (
+            f"{out.schema}.{out.table} has no replica identity key: UPDATE and DELETE cannot be replicated. "
+            "Add a primary key or set REPLICA IDENTITY.",
+        )
+    return TableManifest(
+        schema=out.schema,
+        table=out.table,
+        columns=tuple(columns.values()),
+        key_columns=out.relation.key_columns,
+        replica_identity=identity if identity in ("d", "f", "i", "n") else "d",  # type: ignore[arg-type]
+        rows=out.rows,
+        files=files,
+        warnings=warnings,
+    )
+
+
+_STREAM_START = struct.Struct("!cI")
+_STREAM_ABORT = struct.Struct("!cII")
+
+
+@dataclass(slots=True)
+class _Carry:
+    """Messages after the last safe cut of a chunk, decoded with the next chunk."""
+
+    messages: list[bytes] = field(default_factory=list)
+    lsns: list[int] = field(default_factory=list)
+    open_streams: set[int] = field(default_factory=set)
+
+
+def _whole_transactions(raw: RawMessages, carry: _Carry) -> tuple[list[bytes], list[int]]:
+    """Take the messages up to the last point where no transaction is open; keep the rest in ``carry``.
+
+    A cut must follow a commit (``C``, or ``c`` for a streamed transaction) and leave no
+    streamed transaction half-read, because the decoder drops what is undecided at the end
+    of a call. Only the few control bytes are looked at one by one.
+    """
+    messages = [raw.message(i) for i in range(len(raw))]
+    lsns = [int(x) for x in raw.lsns]
+    kinds = np.frombuffer(raw.buffer, dtype=np.uint8)[raw.offsets] if len(raw) else np.empty(0, np.uint8)
+    control = np.flatnonzero(np.isin(kinds, (_COMMIT, _STREAM_COMMIT, ord("S"), ord("A"))))
+    cut = -1
+    for index in control.tolist():
+        kind = kinds[index]
+        if kind == ord("S"):
+            carry.open_streams.add(_STREAM_START.unpack_from(messages[index])[1])
+            continue
+        if kind == ord("A"):
+            _, xid, subxid = _STREAM_ABORT.unpack_from(messages[index])
+            if xid == subxid:
+                carry.open_streams.discard(xid)
+        elif kind == _STREAM_COMMIT:
+            carry.open_streams.discard(_STREAM_START.unpack_from(messages[index])[1])
+        if not carry.open_streams:
+            cut = index
+    if cut < 0:
+        carry.messages += messages
+        carry.lsns += lsns
+        return [], []
+    ready, ready_lsns = carry.messages + messages[: cut + 1], carry.lsns + lsns[: cut + 1]
+    carry.messages, carry.lsns = messages[cut + 1 :], lsns[cut + 1 :]
+    return ready, ready_lsns
+
+
+class _Progress:
+    """Logs changes, LSN reached and rate at most every ``interval`` seconds."""
+
+    def __init__(self, slot: str, interval: float) -> None:
+        self.slot = slot
+        self.interval = interval
+        self.started = self.last = time.monotonic()
+        self.changes = 0
+        self.transactions = 0
+
+    def update(self, decoded: DecodedBatch) -> None:
+        self.changes += decoded.changes
+        self.transactions += len(decoded.transactions)
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            rate = self.changes / max(now - self.started, 1e-9)
+            log.info(
+                "drain %s: %d changes in %d transactions, at %s, %.0f changes/s",
+                self.slot, self.changes, self.transactions, decoded.end_lsn, rate,
+            )  # fmt: skip
+
+
+def _check_slot(conn: Any, settings: DrainSettings) -> Lsn:
+    slot = describe_slot(conn, settings.slot)
+    if slot.wal_status == "lost":
+        raise SlotLostError(
+            f"replication slot {settings.slot!r} was invalidated (wal_status = lost): the WAL it needed is "
+            "gone and changes were lost. Recover with a new slot and a re-snapshot of every table."
+        )
+    if slot.active:
+        raise SlotActiveError(
+            f"replication slot {settings.slot!r} is active (pid {slot.active_pid}): another drain or a "
+            "subscriber is reading it. One consumer at a time; run the pipeline with max_active_runs=1."
+        )
+    if slot.plugin != "pgoutput" or slot.confirmed_flush_lsn is None:
+        raise PgLogicalError(
+            f"slot {settings.slot!r} is not a pgoutput logical slot (plugin {slot.plugin!r})"
+        )
+    describe_publications(conn, settings.publications)  # raises PublicationNotFoundError
+    return slot.confirmed_flush_lsn
+
+
+def _bound(conn: Any, start: Lsn, max_bytes: int | None) -> Lsn:
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_flush_lsn()::text")
+        flushed = Lsn.parse(cur.fetchone()[0])
+    if max_bytes is not None:
+        flushed = min(flushed, Lsn(start + max_bytes))
+    return max(flushed, start)
+
+
+def _prepare_staging(location: StagingLocation, slot: str, batch_id: str) -> str | None:
+    """Return the manifest path of a complete earlier attempt, else clear a half-written one."""
+    batch_dir = location.batch_dir(slot, batch_id)
+    for name, complete in location.list_batches(slot, batch_id):
+        if name != batch_id:
+            continue
+        if complete:
+            return f"{batch_dir}/_manifest.json"
+        log.warning("discarding half-written batch %s from an earlier attempt", location.uri_of(batch_dir))
+        location.delete_dir(batch_dir)
+    try:
+        location.filesystem.create_dir(batch_dir, recursive=True)
+    except OSError as exc:
+        raise StagingNotWritableError(
+            f"cannot create {location.uri_of(batch_dir)}: {exc}. "
+            "Check the staging location and its permissions."
+        ) from exc
+    return None
+
+
+def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
+    """Drain one batch (see module docstring); the slot is never moved here."""
+    location = StagingLocation.resolve(settings.staging)
+    conn = connect(params)
+    try:
+        start = _check_slot(conn, settings)
+        batch_id = batch_id_for(start)
+        batch_dir = location.batch_dir(settings.slot, batch_id)
+        existing = _prepare_staging(location, settings.slot, batch_id)
+        if existing is not None:
+            manifest = location.read_manifest(batch_dir)
+            log.info(
+                "reusing complete staged batch %s (%s..%s)", batch_id, manifest.start_lsn, manifest.end_lsn
+            )
+            return DrainResult(manifest, location.uri_of(existing), location.uri_of(batch_dir), reused=True)
+        bound = _bound(conn, start, settings.max_bytes)
+        log.info("draining slot %s from %s up to %s via %s", settings.slot, start, bound, settings.transport)
+        started = time.monotonic()
+        stager = _Stager(location, batch_dir)
+        try:
+            result, decoded_end = _read_and_stage(params, conn, settings, start, bound, stager)
+            tables = stager.close()
+        except BaseException:
+            stager.abort()
+            location.delete_dir(batch_dir)
+            raise
+        end = decoded_end if result.truncated and decoded_end is not None else bound
+        manifest = Manifest(
+            kind="batch",
+            slot=settings.slot,
+            database=conn.get_dsn_parameters()["dbname"],
+            batch_id=batch_id,
+            start_lsn=start,
+            end_lsn=max(end, start),
+            tables=tuple(tables),
+            stats=ManifestStats(
+                changes=sum(t.rows for t in tables),
+                transactions=result.extra.get("transactions", 0),
+                bytes=result.bytes,
+                seconds=round(time.monotonic() - started, 3),
+            ),
+        )
+        path = location.write_manifest(batch_dir, manifest)
+        log.info(
+            "staged batch %s: %s..%s, %d changes in %d transactions, %.1fs",
+            batch_id, manifest.start_lsn, manifest.end_lsn, manifest.stats.changes,
+            manifest.stats.transactions, manifest.stats.seconds,
+        )  # fmt: skip
+        return DrainResult(manifest, location.uri_of(path), location.uri_of(batch_dir), reused=False)
+    finally:
+        conn.close()
+
+
+def _chunks(
+    params: ConnParams, conn: Any, settings: DrainSettings, start: Lsn, bound: Lsn, result: ReadResult
+) -> Iterator[RawMessages]:
+    if settings.transport == "peek":
+        options = plugin_options(settings.publications, proto_version=1)
+        yield from PeekTransport(conn, chunk_bytes=settings.chunk_bytes).read(
+            settings.slot, options, upto_lsn=bound, max_messages=settings.max_messages, result=result
+        )
+        return
+    repl = connect_replication(params)
+    try:
+        options = plugin_options(settings.publications, proto_version=2, streaming=True)
+        yield from StreamingTransport(repl).read(
+            settings.slot, options, start_lsn=start, upto_lsn=bound, max_messages=settings.max_messages,
+            result=result,
+        )  # fmt: skip
+    finally:
+        repl.close()
+
+
+def _read_and_stage(
+    params: ConnParams, conn: Any, settings: DrainSettings, start: Lsn, bound: Lsn, stager: _Stager
+) -> tuple[ReadResult, Lsn | None]:
+    """Decode whole transactions chunk by chunk and stage them; returns the read result and last end LSN."""
+    protocol = 1 if settings.transport == "peek" else 2
+    decoder = BatchDecoder(protocol, max_rows=settings.max_rows_per_batch)
+    progress = _Progress(settings.slot, settings.progress_seconds)
+    result = ReadResult()
+    carry = _Carry()
+    last_end: Lsn | None = None
+    transactions = 0
+    for raw in _chunks(params, conn, settings, start, bound, result):
+        messages, lsns = _whole_transactions(raw, carry)
+        if not messages:
+            continue
+        decoded = decoder.decode(messages, lsns)
+        for table in decoded.tables:
+            stager.add(table)
+        transactions += len(decoded.transactions)
+        last_end = decoded.end_lsn or last_end
+        progress.update(decoded)
+    if carry.open_streams:
+        # Streamed transactions that did not commit before the bound are read again next time.
+        log.info(
+            "streamed transactions %s not committed before %s: left for the next batch",
+            carry.open_streams,
+            bound,
+        )
+    result.extra["transactions"] = transactions
+    return result, last_end

@@ -1,0 +1,69 @@
+"""``PgLogicalAckOperator``: advance the slot past a batch, only once the ledger shows it applied."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.ledger import missing_tables, read_manifest
+
+
+class BatchNotAppliedError(PgLogicalError):
+    """The ledger does not (yet) show every table of the batch applied; the slot must not move."""
+
+
+class ManifestSlotMismatchError(PgLogicalError):
+    """The manifest given to an ack belongs to another slot."""
+
+
+class PgLogicalAckOperator(BaseOperator):
+    """Advance ``slot`` to the batch's end LSN after checking the target's ledger.
+
+    Acknowledging twice is harmless (a slot never moves backwards), and so is acknowledging a
+    batch the slot is already past.
+
+    :param slot: replication slot name (templated).
+    :param manifest: URI or path of the batch's ``_manifest.json``, usually the drain's
+        ``{{ ti.xcom_pull(task_ids='drain')['manifest'] }}`` (templated).
+    :param target: root of the target lake tables, where the ledger lives (templated).
+    :param pglogical_conn_id: Airflow connection of the source database.
+    """
+
+    template_fields: Sequence[str] = ("slot", "manifest", "target")
+    ui_color = "#d5f5d5"
+
+    def __init__(
+        self,
+        *,
+        slot: str,
+        manifest: str,
+        target: str,
+        pglogical_conn_id: str = PgLogicalHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot = slot
+        self.manifest = manifest
+        self.target = target
+        self.pglogical_conn_id = pglogical_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        manifest = read_manifest(self.manifest)
+        if manifest.slot != self.slot:
+            raise ManifestSlotMismatchError(
+                f"manifest {self.manifest} belongs to slot {manifest.slot!r}, not {self.slot!r}: "
+                "pass the manifest drained from this slot"
+            )
+        missing = missing_tables(self.target, manifest)
+        if missing:
+            raise BatchNotAppliedError(
+                f"batch {manifest.batch_id} is not applied to {self.target} for {', '.join(missing)}: "
+                "the slot stays where it is. Run (or re-run) the apply task for this manifest first."
+            )
+        position = PgLogicalHook(self.pglogical_conn_id).advance_slot(self.slot, manifest.end_lsn)
+        self.log.info("slot %s acknowledged up to %s (batch %s)", self.slot, position, manifest.batch_id)
+        return {"slot": self.slot, "batch_id": manifest.batch_id, "confirmed_flush_lsn": str(position)}

@@ -1,0 +1,65 @@
+"""``PgLogicalDrainOperator``: stage one bounded micro-batch of a slot's changes as Parquet."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_provider_pglogical.drain import DrainSettings, Transport, drain_batch
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+
+
+class PgLogicalDrainOperator(BaseOperator):
+    """Read a slot from its confirmed position up to a bound fixed at start, decode, stage; never move it.
+
+    Returns (XCom) a small JSON summary: ``manifest`` (URI of the batch's ``_manifest.json``),
+    the LSN window, per-table counts and whether a retry reused an earlier complete attempt.
+
+    :param slot: replication slot name (templated).
+    :param publications: publication name(s) the slot is read with (templated).
+    :param staging: staging root: local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://`` (templated).
+    :param pglogical_conn_id: Airflow connection of the source database.
+    :param transport: ``"peek"`` (SQL interface, default, fastest for batches) or ``"stream"``.
+    :param max_messages: end the batch at the first commit after this many messages (templated).
+    :param max_bytes: bound the WAL window read to this many bytes (templated).
+    """
+
+    template_fields: Sequence[str] = ("slot", "publications", "staging", "max_messages", "max_bytes")
+    ui_color = "#c6e2ff"
+
+    def __init__(
+        self,
+        *,
+        slot: str,
+        publications: str | Sequence[str],
+        staging: str,
+        pglogical_conn_id: str = PgLogicalHook.default_conn_name,
+        transport: Transport = "peek",
+        max_messages: int | None = 1_000_000,
+        max_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot = slot
+        self.publications = publications
+        self.staging = staging
+        self.pglogical_conn_id = pglogical_conn_id
+        self.transport = transport
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
+        settings = DrainSettings(
+            slot=self.slot,
+            publications=tuple(publications),
+            staging=self.staging,
+            transport=self.transport,
+            max_messages=None if self.max_messages is None else int(self.max_messages),
+            max_bytes=None if self.max_bytes is None else int(self.max_bytes),
+        )
+        params = PgLogicalHook(self.pglogical_conn_id).connection_params()
+        result = drain_batch(params, settings)
+        return result.summary()
