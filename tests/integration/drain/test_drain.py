@@ -1,0 +1,175 @@
+"""The drain against a real server: both transports, bounds, retries, empty batches and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_pglogical.drain import DrainResult, DrainSettings, StagingNotWritableError, drain_batch
+from airflow_provider_pglogical.errors import PublicationNotFoundError, SlotActiveError, SlotNotFoundError
+from airflow_provider_pglogical.ledger import read_manifest
+from airflow_provider_pglogical.replication import (
+    advance_slot,
+    connect,
+    connect_replication,
+    create_slot,
+    describe_slot,
+)
+from airflow_provider_pglogical.testing import PostgresCluster
+
+SCHEMA = """
+CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10, 2), at timestamptz, doc jsonb);
+CREATE TABLE unpublished (id int);
+CREATE PUBLICATION pub FOR TABLE items;
+"""
+
+
+def _staged(result: DrainResult) -> dict[str, pa.Table]:
+    """Every staged table of a batch, its relation versions concatenated, in change order."""
+    root = Path(result.batch_uri.removeprefix("file://"))
+    tables = {}
+    for entry in result.manifest.tables:
+        parts = [pq.read_table(root / f) for f in entry.files]
+        table = pa.concat_tables(parts, promote_options="default")
+        tables[entry.qualified] = table.sort_by([("_pgl_commit_lsn", "ascending"), ("_pgl_seq", "ascending")])
+    return tables
+
+
+@pytest.fixture
+def source(pg_cluster: PostgresCluster, pg_dbname: str) -> tuple[PostgresCluster, str]:
+    pg_cluster.execute(SCHEMA, pg_dbname)
+    conn = connect(pg_cluster.dsn(pg_dbname))
+    create_slot(conn, "cdc")
+    conn.close()
+    return pg_cluster, pg_dbname
+
+
+def _workload(cluster: PostgresCluster, db: str) -> None:
+    cluster.execute(
+        "INSERT INTO items SELECT g, 'item ' || g, g * 1.25, "
+        "'2026-01-01 00:00+00'::timestamptz + g * interval '1 min', jsonb_build_object('g', g) "
+        "FROM generate_series(1, 2000) g",
+        db,
+    )
+    cluster.execute("UPDATE items SET price = price + 1 WHERE id % 7 = 0", db)
+    cluster.execute("DELETE FROM items WHERE id > 1990; INSERT INTO unpublished VALUES (1)", db)
+    cluster.execute("UPDATE items SET id = id + 10000 WHERE id = 5", db)  # a key change
+    cluster.execute("TRUNCATE unpublished; INSERT INTO items VALUES (3000, NULL, NULL, NULL, 'null')", db)
+
+
+def test_both_transports_stage_identical_batches_without_moving_the_slot(
+    source: tuple[PostgresCluster, str], tmp_path: Path
+) -> None:
+    cluster, db = source
+    _workload(cluster, db)
+    conn = connect(cluster.dsn(db))
+    before = describe_slot(conn, "cdc").confirmed_flush_lsn
+    results = {
+        transport: drain_batch(
+            cluster.dsn(db), DrainSettings("cdc", ("pub",), str(tmp_path / transport), transport=transport)
+        )
+        for transport in ("peek", "stream")
+    }
+    assert describe_slot(conn, "cdc").confirmed_flush_lsn == before
+    conn.close()
+    peek, stream = results["peek"], results["stream"]
+    assert peek.manifest.end_lsn == stream.manifest.end_lsn > before
+    assert peek.manifest.stats.transactions == stream.manifest.stats.transactions == 5
+    staged = _staged(peek)["public.items"]
+    assert staged.equals(_staged(stream)["public.items"])
+    ops = staged.column("_pgl_op").to_pylist()
+    assert ops.count("I") == 2001 and ops.count("U") == 285 + 1 and ops.count("D") == 10
+    key_change = staged.filter(pa.compute.equal(staged.column("id"), 10005)).to_pylist()[0]
+    assert key_change["_pgl_op"] == "U" and key_change["_pgl_old"]["id"] == 5
+    last = staged.to_pylist()[-1]
+    assert last["id"] == 3000 and last["doc"] == "null" and last["name"] is None  # JSON null is not SQL NULL
+    table = peek.manifest.tables[0]
+    assert table.key_columns == ("id",) and [c.pg_type for c in table.columns][:3] == [
+        "int4",
+        "text",
+        "numeric",
+    ]
+    assert read_manifest(peek.manifest_uri) == peek.manifest
+
+
+def test_retry_reuses_a_complete_batch_and_redoes_a_half_written_one(
+    source: tuple[PostgresCluster, str], tmp_path: Path
+) -> None:
+    cluster, db = source
+    _workload(cluster, db)
+    settings = DrainSettings("cdc", ("pub",), str(tmp_path))
+    first = drain_batch(cluster.dsn(db), settings)
+    first_rows = _staged(first)["public.items"].num_rows
+    cluster.execute("INSERT INTO items VALUES (4000, 'later')", db)
+    again = drain_batch(cluster.dsn(db), settings)
+    assert again.reused and again.manifest == first.manifest  # the same window: the slot has not moved
+    manifest_file = Path(first.manifest_uri.removeprefix("file://"))
+    manifest_file.unlink()  # as if the first attempt died before writing its manifest
+    redone = drain_batch(cluster.dsn(db), settings)
+    assert not redone.reused and redone.manifest.start_lsn == first.manifest.start_lsn
+    assert redone.manifest.end_lsn > first.manifest.end_lsn  # a fresh bound, now with the later row
+    assert _staged(redone)["public.items"].num_rows == first_rows + 1
+
+
+def test_message_limit_ends_on_a_commit_and_consecutive_batches_meet(
+    source: tuple[PostgresCluster, str], tmp_path: Path
+) -> None:
+    cluster, db = source
+    for start in range(0, 1000, 100):  # ten transactions of 100 inserts
+        cluster.execute(f"INSERT INTO items (id) SELECT generate_series({start}, {start + 99})", db)
+    conn = connect(cluster.dsn(db))
+    seen: list[int] = []
+    batches = 0
+    while True:
+        result = drain_batch(cluster.dsn(db), DrainSettings("cdc", ("pub",), str(tmp_path), max_messages=250))
+        staged = _staged(result)
+        if not staged:
+            break
+        batches += 1
+        ids = staged["public.items"].column("id").to_pylist()
+        assert len(ids) % 100 == 0  # whole transactions only
+        seen += ids
+        advance_slot(conn, "cdc", result.manifest.end_lsn)
+    conn.close()
+    assert seen == list(range(1000)) and batches == 4  # 3 transactions (306 messages) per batch, then 1
+
+
+def test_empty_batch_reports_the_bound_so_the_slot_can_advance(
+    source: tuple[PostgresCluster, str], tmp_path: Path
+) -> None:
+    cluster, db = source
+    cluster.execute("INSERT INTO unpublished SELECT generate_series(1, 5000)", db)
+    conn = connect(cluster.dsn(db))
+    start = describe_slot(conn, "cdc").confirmed_flush_lsn
+    for transport in ("peek", "stream"):
+        result = drain_batch(
+            cluster.dsn(db), DrainSettings("cdc", ("pub",), str(tmp_path / transport), transport=transport)
+        )
+        assert result.manifest.tables == () and result.manifest.end_lsn > start
+    assert advance_slot(conn, "cdc", result.manifest.end_lsn) == result.manifest.end_lsn
+    conn.close()
+
+
+def test_bad_input_is_refused_with_specific_errors(
+    source: tuple[PostgresCluster, str], tmp_path: Path
+) -> None:
+    cluster, db = source
+    dsn = cluster.dsn(db)
+    with pytest.raises(SlotNotFoundError, match="existing: cdc"):
+        drain_batch(dsn, DrainSettings("nope", ("pub",), str(tmp_path)))
+    with pytest.raises(PublicationNotFoundError, match="missing_pub"):
+        drain_batch(dsn, DrainSettings("cdc", ("missing_pub",), str(tmp_path)))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StagingNotWritableError, match="Check the staging location"):
+        drain_batch(dsn, DrainSettings("cdc", ("pub",), str(blocker / "staging")))
+    repl = connect_replication(dsn)
+    with repl.cursor() as cur:
+        cur.start_replication(slot_name="cdc", options={"proto_version": "1", "publication_names": "pub"})
+        cluster.wait_for("SELECT active FROM pg_replication_slots WHERE slot_name = 'cdc'", db)
+        with pytest.raises(SlotActiveError, match="max_active_runs=1"):
+            drain_batch(dsn, DrainSettings("cdc", ("pub",), str(tmp_path)))
+    repl.close()
