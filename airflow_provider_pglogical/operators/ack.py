@@ -30,10 +30,10 @@ class PgLogicalAckOperator(BaseOperator):
     :param manifest: URI or path of the batch's ``_manifest.json``, usually the drain's
         ``{{ ti.xcom_pull(task_ids='drain')['manifest'] }}`` (templated).
     :param target: root of the target lake tables, where the ledger lives (templated).
-    :param pglogical_conn_id: Airflow connection of the source database.
+    :param pglogical_conn_id: Airflow connection of the source database (templated).
     """
 
-    template_fields: Sequence[str] = ("slot", "manifest", "target")
+    template_fields: Sequence[str] = ("pglogical_conn_id", "slot", "manifest", "target")
     ui_color = "#d5f5d5"
 
     def __init__(

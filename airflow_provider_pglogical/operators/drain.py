@@ -20,13 +20,20 @@ class PgLogicalDrainOperator(BaseOperator):
     :param slot: replication slot name (templated).
     :param publications: publication name(s) the slot is read with (templated).
     :param staging: staging root: local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://`` (templated).
-    :param pglogical_conn_id: Airflow connection of the source database.
+    :param pglogical_conn_id: Airflow connection of the source database (templated).
     :param transport: ``"peek"`` (SQL interface, default, fastest for batches) or ``"stream"``.
     :param max_messages: end the batch at the first commit after this many messages (templated).
     :param max_bytes: bound the WAL window read to this many bytes (templated).
     """
 
-    template_fields: Sequence[str] = ("slot", "publications", "staging", "max_messages", "max_bytes")
+    template_fields: Sequence[str] = (
+        "pglogical_conn_id",
+        "slot",
+        "publications",
+        "staging",
+        "max_messages",
+        "max_bytes",
+    )
     ui_color = "#c6e2ff"
 
     def __init__(

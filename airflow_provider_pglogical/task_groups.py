@@ -1,0 +1,83 @@
+"""``cdc_microbatch_task_group``: the micro-batch pipeline of one slot as one call in a DAG.
+
+    [wait_for_lag] -> drain -> apply -> ack
+
+* ``wait_for_lag`` (optional) is a :class:`PgLogicalSlotLagSensor`, which also fails loudly when
+  the slot's WAL is at risk or lost;
+* ``drain`` stages one bounded batch and never moves the slot;
+* ``apply`` submits the Spark apply job for that batch (idempotent, skipped when the batch is empty);
+* ``ack`` advances the slot only once the target's ledger shows the batch applied.
+
+Run the DAG with ``max_active_runs=1``: a slot has one consumer at a time (a second drain on an
+active slot is refused), and each run must start where the previous ack left the slot. A run
+that failed after its drain is simply run again (or the next run does it): the slot has not
+moved, so the drain finds its own staged batch, the apply skips what the ledger already holds,
+and the ack completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import TaskGroup
+
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
+from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
+from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+
+
+def cdc_microbatch_task_group(
+    *,
+    slot: str,
+    publications: str | Sequence[str],
+    staging: str,
+    target: str,
+    group_id: str = "pglogical_cdc",
+    pglogical_conn_id: str = PgLogicalHook.default_conn_name,
+    spark_conn_id: str = "spark_default",
+    transport: str = "peek",
+    max_messages: int | str | None = 1_000_000,
+    lag_sensor: Mapping[str, Any] | None = None,
+    spark_conf: Mapping[str, Any] | None = None,
+    spark_env_vars: Mapping[str, Any] | None = None,
+    spark_binary: str | None = None,
+) -> TaskGroup:
+    """Build the group inside the current DAG context; every string argument may be a template.
+
+    :param lag_sensor: keyword arguments of :class:`PgLogicalSlotLagSensor` (for example
+        ``{"min_lag_bytes": 16 << 20, "mode": "reschedule"}``); ``None`` leaves the sensor out.
+    """
+    with TaskGroup(group_id=group_id) as group:
+        drain = PgLogicalDrainOperator(
+            task_id="drain",
+            slot=slot,
+            publications=publications,
+            staging=staging,
+            pglogical_conn_id=pglogical_conn_id,
+            transport=transport,  # type: ignore[arg-type]
+            max_messages=max_messages,  # type: ignore[arg-type]
+        )
+        manifest = f"{{{{ ti.xcom_pull(task_ids='{drain.task_id}')['manifest'] }}}}"
+        apply = PgLogicalSparkApplyOperator(
+            task_id="apply",
+            manifest=manifest,
+            target=target,
+            spark_conn_id=spark_conn_id,
+            conf=dict(spark_conf or {}),
+            env_vars=dict(spark_env_vars or {}),
+            spark_binary=spark_binary,
+        )
+        ack = PgLogicalAckOperator(
+            task_id="ack", slot=slot, manifest=manifest, target=target, pglogical_conn_id=pglogical_conn_id
+        )
+        drain >> apply >> ack
+        if lag_sensor is not None:
+            from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
+
+            wait = PgLogicalSlotLagSensor(
+                task_id="wait_for_lag", slot_name=slot, pglogical_conn_id=pglogical_conn_id, **lag_sensor
+            )
+            wait >> drain
+    return group
