@@ -243,35 +243,36 @@ class PeekTransport:
 
 def _split_rows(data: bytes, pos: int) -> tuple[RawMessages, int, bool]:
     """Index the complete rows of a binary COPY chunk; returns the rows, where the rest starts,
-    and whether the end-of-data marker was reached."""
-    offsets: list[int] = []
+    and whether the end-of-data marker was reached.
+
+    Each row's position depends on the previous row's length, so this is the one per-row
+    Python loop of the peek path; it keeps to one ``unpack_from`` and plain list appends.
+    """
+    starts: list[int] = []
     lengths: list[int] = []
     lsns: list[int] = []
     xids: list[int] = []
     end = len(data)
     unpack = _ROW_HEAD.unpack_from
+    last_head = end - _ROW_HEAD_SIZE
     done = False
-    while pos + 2 <= end:
-        if data[pos : pos + 2] == b"\xff\xff":
-            done = True
-            pos += 2
-            break
-        if pos + _ROW_HEAD_SIZE > end:
-            break
+    while pos <= last_head:
         nfields, _, lsn, _, xid, length = unpack(data, pos)
         if nfields != 3:
-            raise TransportError(f"unexpected COPY row with {nfields} fields")
-        start = pos + _ROW_HEAD_SIZE
-        if start + length > end:
+            raise TransportError(f"unexpected COPY row with {nfields} fields at byte {pos}")
+        body = pos + _ROW_HEAD_SIZE
+        if body + length > end:
             break
-        offsets.append(start)
+        starts.append(body)
         lengths.append(length)
         lsns.append(lsn)
         xids.append(xid)
-        pos = start + length
+        pos = body + length
+    if data[pos : pos + 2] == b"\xff\xff" and pos + 2 == end:
+        done, pos = True, pos + 2
     raw = RawMessages(
         data,
-        np.array(offsets, dtype=np.int64),
+        np.array(starts, dtype=np.int64),
         np.array(lengths, dtype=np.int64),
         np.array(lsns, dtype=np.uint64),
         np.array(xids, dtype=np.int64),
