@@ -77,9 +77,9 @@ def main() -> None:
         def recvlogical() -> None:
             subprocess.run(
                 [
-                    str(cluster.bindir / "pg_recvlogical"), "-d", cluster.dsn(), "--slot", "recv_slot", "--start",
-                    "-o", "proto_version=1", "-o", "publication_names=bench_pub", "-f", "/dev/null",
-                    "--endpos", end, "--no-loop",
+                    str(cluster.bindir / "pg_recvlogical"), "-d", cluster.dsn(), "--slot", "recv_slot",
+                    "--start", "-o", "proto_version=1", "-o", "publication_names=bench_pub",
+                    "-f", "/dev/null", "--endpos", end, "--no-loop",
                 ],
                 check=True,
             )  # fmt: skip
