@@ -19,6 +19,7 @@ from airflow_provider_pglogical.replication import (
     TableSpec,
 )
 from airflow_provider_pglogical.replication.publications import published_tables
+from airflow_provider_pglogical.slot_health import SlotHealth, assess_slot, assess_slots
 
 
 class PgLogicalHook(BaseHook):
@@ -156,3 +157,38 @@ class PgLogicalHook(BaseHook):
     def drop_slot(self, name: str, *, if_exists: bool = True) -> bool:
         with self.connection() as conn:
             return replication.drop_slot(conn, name, if_exists=if_exists)
+
+    async def aconnection_params(self) -> dict[str, Any]:
+        """:meth:`connection_params` for an event loop (a trigger): the lookup does not block it.
+
+        Contains the password: never log it, and never put it in trigger kwargs (triggers take
+        the connection id and call this where they run).
+        """
+        # Imported here: only triggers need it. common-compat comes with the Spark provider; it
+        # picks the non-blocking lookup each Airflow version offers (aget_connection, aextra_dejson).
+        from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
+
+        conn = await get_async_connection(self.pglogical_conn_id, hook=self)
+        params: dict[str, Any] = {
+            "host": conn.host,
+            "port": conn.port,
+            "user": conn.login,
+            "password": conn.password,
+            "dbname": conn.schema,
+        }
+        params.update(await get_async_extra_dejson(conn))
+        return {key: value for key, value in params.items() if value not in (None, "")}
+
+    def slot_health(
+        self, name: str, publications: Sequence[str] = (), *, previous: SlotHealth | None = None
+    ) -> SlotHealth:
+        """Measure a slot: lag, WAL safety, spill/stream counters, and with ``publications`` the
+        age of its oldest unconfirmed change (see :mod:`airflow_provider_pglogical.slot_health`;
+        ``previous``, the last measurement of a repeated check, spares a peek when still valid)."""
+        with self.connection() as conn:
+            return assess_slot(conn, name, publications, previous=previous)
+
+    def all_slot_health(self, publications: Sequence[str] = ()) -> list[SlotHealth]:
+        """:meth:`slot_health` of every slot on the server (ages only for this database's slots)."""
+        with self.connection() as conn:
+            return assess_slots(conn, publications)

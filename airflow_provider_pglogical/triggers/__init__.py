@@ -1,0 +1,1 @@
+"""Deferrable triggers of the pglogical provider (run by the Airflow triggerer)."""

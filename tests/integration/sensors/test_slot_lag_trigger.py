@@ -1,0 +1,208 @@
+"""PgLogicalSlotLagTrigger.run() under asyncio against the real server: fires, never blocks, reruns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from airflow.triggers.base import TriggerEvent
+from slot_lag_support import PASSWORD, PublishedSlot
+
+from airflow_provider_pglogical.errors import SlotNotFoundError
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
+from airflow_provider_pglogical.slot_health import _aconnect, _wait, assess_slot_async
+from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+
+pytestmark = pytest.mark.integration
+
+
+class Heartbeat:
+    """Measures the event loop's longest stall: a blocking call in a coroutine shows up here.
+
+    The clock starts on entering, not on the first beat, so a call that blocks before the
+    heartbeat task ever runs is counted too; the gap up to leaving is counted as well.
+    """
+
+    def __init__(self, period: float = 0.01) -> None:
+        self.period = period
+        self.worst = 0.0
+        self._last = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self.worst = max(self.worst, now - self._last - self.period)
+        self._last = now
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            self._tick()
+
+    def __enter__(self) -> Heartbeat:
+        self._last = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._beat())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self._tick()
+
+
+async def first_event(trigger: PgLogicalSlotLagTrigger, timeout: float = 60) -> TriggerEvent:
+    events: AsyncIterator[TriggerEvent] = trigger.run()
+    event = await asyncio.wait_for(anext(events), timeout)
+    # One event, then the generator ends.
+    with pytest.raises(StopAsyncIteration):
+        await anext(events)
+    return event
+
+
+def lag_trigger(published: PublishedSlot, **kwargs: Any) -> PgLogicalSlotLagTrigger:
+    kwargs.setdefault("poke_interval", 0.2)
+    return PgLogicalSlotLagTrigger(slot_name=published.slot, pglogical_conn_id=published.conn_id, **kwargs)
+
+
+def test_trigger_fires_at_the_threshold_without_blocking_the_loop(published: PublishedSlot) -> None:
+    trigger = lag_trigger(published, min_lag_bytes=256 * 1024, publications=[published.publication])
+
+    async def scenario() -> tuple[TriggerEvent, float]:
+        with Heartbeat() as heartbeat:
+            waiting = asyncio.create_task(first_event(trigger))
+            await asyncio.sleep(1.0)
+            assert not waiting.done(), "fired before any write"
+            await asyncio.to_thread(published.write, 2000)
+            event = await waiting
+        return event, heartbeat.worst
+
+    event, worst_stall = asyncio.run(scenario())
+    payload = event.payload
+    assert payload["outcome"] == "met"
+    assert payload["health"]["lag_bytes"] >= 256 * 1024
+    assert payload["health"]["lag_age_seconds"] is not None
+    json.dumps(payload)
+    assert PASSWORD not in json.dumps(payload)
+    # Connecting and querying wait on the loop (the big-transaction test below makes a blocking
+    # call impossible to miss; here the margin is for a loaded machine).
+    assert worst_stall < 0.25, f"event loop stalled for {worst_stall:.3f}s"
+
+    # Run again, the same instance and one rebuilt from its serialized form (a triggerer restart).
+    assert asyncio.run(first_event(trigger)).payload["outcome"] == "met"
+    _, kwargs = trigger.serialize()
+    rebuilt = PgLogicalSlotLagTrigger(**kwargs)
+    assert asyncio.run(first_event(rebuilt)).payload["outcome"] == "met"
+
+
+def test_time_based_trigger_peeks_a_large_transaction_without_blocking(published: PublishedSlot) -> None:
+    """Peeking a 500k-row first transaction keeps the server busy for a second or two (it spills);
+    the loop must stay free all along, and the trigger fires once that transaction is old enough."""
+    published.write(500_000, payload=1)
+    trigger = lag_trigger(published, min_lag_age=2.0, publications=[published.publication])
+
+    async def scenario() -> tuple[TriggerEvent, float, float]:
+        started = time.monotonic()
+        with Heartbeat() as heartbeat:
+            event = await first_event(trigger)
+        return event, heartbeat.worst, time.monotonic() - started
+
+    event, worst_stall, elapsed = asyncio.run(scenario())
+    payload = event.payload
+    assert payload["outcome"] == "met", payload
+    assert payload["health"]["lag_age_seconds"] >= 2.0
+    assert payload["health"]["lag_bytes"] > 10 * 1024 * 1024
+    assert elapsed < 30
+    assert worst_stall < 0.3, f"event loop stalled for {worst_stall:.3f}s"
+
+
+def test_async_queries_wait_on_the_loop_not_in_it(published: PublishedSlot) -> None:
+    """A 0.5 s server-side sleep must leave the loop free for the whole half second."""
+
+    async def scenario() -> float:
+        params = PgLogicalHook(published.conn_id).connection_params()
+        conn = await _aconnect(params, 10)
+        try:
+            with Heartbeat() as heartbeat:
+                cur = conn.cursor()
+                started = time.monotonic()
+                cur.execute("SELECT pg_sleep(0.5)")
+                await _wait(conn)
+                assert time.monotonic() - started >= 0.5
+        finally:
+            conn.close()
+        return heartbeat.worst
+
+    # Blocking would stall for the whole 0.5 s; the margin is for a loaded machine.
+    assert asyncio.run(scenario()) < 0.2
+
+
+def test_async_assessment_matches_the_sync_one(published: PublishedSlot) -> None:
+    published.write(50)
+    hook = PgLogicalHook(published.conn_id)
+    sync = hook.slot_health(published.slot, [published.publication])
+    params = asyncio.run(hook.aconnection_params())
+    assert params == hook.connection_params()
+    async_ = asyncio.run(assess_slot_async(params, published.slot, [published.publication]))
+    assert async_.slot.confirmed_flush_lsn == sync.slot.confirmed_flush_lsn
+    assert async_.oldest_unconfirmed_commit == sync.oldest_unconfirmed_commit
+    assert async_.stats is not None and sync.stats is not None
+
+
+def test_trigger_reports_a_missing_slot_and_the_sensor_raises_it(published: PublishedSlot) -> None:
+    trigger = PgLogicalSlotLagTrigger(
+        slot_name="gone_slot", pglogical_conn_id=published.conn_id, min_lag_bytes=1
+    )
+    event = asyncio.run(first_event(trigger))
+    assert event.payload["outcome"] == "slot_missing"
+    sensor = PgLogicalSlotLagSensor(
+        task_id="lag", slot_name="gone_slot", pglogical_conn_id=published.conn_id, min_lag_bytes=1
+    )
+    with pytest.raises(SlotNotFoundError, match="gone_slot"):
+        sensor.execute_complete({}, event.payload)  # type: ignore[arg-type]
+
+
+def test_trigger_reports_an_unreachable_server_without_the_password(
+    published: PublishedSlot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_PGL_DOWN", f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/nowhere")
+    trigger = PgLogicalSlotLagTrigger(slot_name=published.slot, pglogical_conn_id="pgl_down", min_lag_bytes=1)
+    payload = asyncio.run(first_event(trigger)).payload
+    assert payload["outcome"] == "error"
+    assert "OperationalError" in payload["message"]
+    assert PASSWORD not in json.dumps(payload)
+
+
+def test_a_cancelled_trigger_leaves_no_connection_and_runs_again(published: PublishedSlot) -> None:
+    """The triggerer cancels run() on shutdown or reassignment, then runs the trigger elsewhere."""
+    trigger = lag_trigger(published, min_lag_bytes=256 * 1024, publications=[published.publication])
+
+    async def cancel_midway() -> None:
+        waiting = asyncio.create_task(first_event(trigger))
+        await asyncio.sleep(0.7)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(cancel_midway())
+    published.cluster.wait_for(
+        f"SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = '{published.dbname}' "
+        "AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        "postgres",
+    )
+    published.write(2000)
+    assert asyncio.run(first_event(trigger)).payload["outcome"] == "met"
+
+
+def test_async_connect_resolves_a_host_name_on_the_loop(
+    published: PublishedSlot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = f"postgresql://postgres:{PASSWORD}@localhost:{published.cluster.port}/{published.dbname}"
+    monkeypatch.setenv("AIRFLOW_CONN_PGL_BY_NAME", uri)
+    params = PgLogicalHook("pgl_by_name").connection_params()
+    health = asyncio.run(assess_slot_async(params, published.slot))
+    assert health.slot_name == published.slot
