@@ -41,12 +41,12 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from airflow_provider_pglogical.errors import PgLogicalError, SlotLostError, SlotNotFoundError
-from airflow_provider_pglogical.replication.connection import _merge
+from airflow_provider_pglogical.replication.connection import libpq_arguments
 from airflow_provider_pglogical.replication.slots import (
-    _SLOTS_SQL,
     OUTPUT_PLUGIN,
+    SLOTS_QUERY,
     SlotInfo,
-    _slot_info,
+    slot_info_from_row,
     validate_slot_name,
 )
 
@@ -359,8 +359,8 @@ def _assessment(
     """
     if slot_name is not None:
         validate_slot_name(slot_name)
-    slots_query = _SLOTS_SQL + (" WHERE slot_name = %s" if slot_name else "") + " ORDER BY slot_name"
-    slots = [_slot_info(row) for row in (yield slots_query, (slot_name,) if slot_name else None)]
+    slots_query = SLOTS_QUERY + (" WHERE slot_name = %s" if slot_name else "") + " ORDER BY slot_name"
+    slots = [slot_info_from_row(row) for row in (yield slots_query, (slot_name,) if slot_name else None)]
     if slot_name is not None and not slots:
         existing = [
             row[0] for row in (yield "SELECT slot_name::text FROM pg_replication_slots ORDER BY 1", None)
@@ -535,7 +535,7 @@ async def _aconnect(params: Mapping[str, Any], timeout: float) -> Any:
 
     libpq ignores ``connect_timeout`` in non-blocking mode, so the wait is bounded here.
     """
-    dsn, kwargs = _merge(await _resolved(params), {})
+    dsn, kwargs = libpq_arguments(await _resolved(params), {})
     conn = psycopg2.connect(dsn, async_=True, **kwargs)
     try:
         await asyncio.wait_for(_wait(conn), timeout)

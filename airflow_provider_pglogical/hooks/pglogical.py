@@ -22,6 +22,19 @@ from airflow_provider_pglogical.replication.publications import published_tables
 from airflow_provider_pglogical.slot_health import SlotHealth, assess_slot, assess_slots
 
 
+def _libpq_params(conn: Any, extras: dict[str, Any]) -> dict[str, Any]:
+    """libpq keywords from an Airflow connection and its extras (every extra is a libpq keyword)."""
+    params: dict[str, Any] = {
+        "host": conn.host,
+        "port": conn.port,
+        "user": conn.login,
+        "password": conn.password,
+        "dbname": conn.schema,
+    }
+    params.update(extras)
+    return {key: value for key, value in params.items() if value not in (None, "")}
+
+
 class PgLogicalHook(BaseHook):
     """Connections to a PostgreSQL database for logical replication, and slot/publication management.
 
@@ -54,15 +67,7 @@ class PgLogicalHook(BaseHook):
     def connection_params(self) -> dict[str, Any]:
         """libpq keywords for the connection (contains the password: never log it)."""
         conn = self.get_connection(self.pglogical_conn_id)
-        params: dict[str, Any] = {
-            "host": conn.host,
-            "port": conn.port,
-            "user": conn.login,
-            "password": conn.password,
-            "dbname": conn.schema,
-        }
-        params.update(conn.extra_dejson)
-        return {key: value for key, value in params.items() if value not in (None, "")}
+        return _libpq_params(conn, conn.extra_dejson)
 
     def get_conn(self, **extra: Any) -> Any:
         """A new autocommit psycopg2 connection; ``extra`` adds libpq keywords."""
@@ -169,15 +174,7 @@ class PgLogicalHook(BaseHook):
         from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
 
         conn = await get_async_connection(self.pglogical_conn_id, hook=self)
-        params: dict[str, Any] = {
-            "host": conn.host,
-            "port": conn.port,
-            "user": conn.login,
-            "password": conn.password,
-            "dbname": conn.schema,
-        }
-        params.update(await get_async_extra_dejson(conn))
-        return {key: value for key, value in params.items() if value not in (None, "")}
+        return _libpq_params(conn, await get_async_extra_dejson(conn))
 
     def slot_health(
         self, name: str, publications: Sequence[str] = (), *, previous: SlotHealth | None = None

@@ -25,7 +25,7 @@ SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c
 ConnParams = str | Mapping[str, Any]
 
 
-def _merge(params: ConnParams, extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def libpq_arguments(params: ConnParams, extra: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """Split ``params`` into a DSN string and keyword arguments, with our defaults under them."""
     if isinstance(params, str):
         dsn, kwargs = params, {}
@@ -48,7 +48,7 @@ def connect(params: ConnParams, *, autocommit: bool = True, **extra: Any) -> Any
     ``params`` is a libpq DSN or a mapping of libpq keywords; ``extra`` adds keywords
     (``options`` is appended to ours rather than replacing it).
     """
-    dsn, kwargs = _merge(params, extra)
+    dsn, kwargs = libpq_arguments(params, extra)
     conn = psycopg2.connect(dsn, **kwargs)
     conn.autocommit = autocommit
     return conn
@@ -56,5 +56,5 @@ def connect(params: ConnParams, *, autocommit: bool = True, **extra: Any) -> Any
 
 def connect_replication(params: ConnParams, **extra: Any) -> Any:
     """A ``LogicalReplicationConnection`` (``replication=database``) to the same database."""
-    dsn, kwargs = _merge(params, extra)
+    dsn, kwargs = libpq_arguments(params, extra)
     return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs)

@@ -129,7 +129,7 @@ def create_slot(conn: Any, name: str, *, temporary: bool = False, two_phase: boo
     return CreatedSlot(slot_name, Lsn.parse(lsn), None, OUTPUT_PLUGIN)
 
 
-_SLOTS_SQL = """
+SLOTS_QUERY = """
 SELECT slot_name::text, plugin::text, slot_type, database::text, temporary, active, active_pid,
        restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size, two_phase,
        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text
@@ -137,7 +137,7 @@ FROM pg_replication_slots
 """
 
 
-def _slot_info(row: tuple[Any, ...]) -> SlotInfo:
+def slot_info_from_row(row: tuple[Any, ...]) -> SlotInfo:
     (
         name,
         plugin,
@@ -161,17 +161,17 @@ def _slot_info(row: tuple[Any, ...]) -> SlotInfo:
 
 def list_slots(conn: Any, *, database: str | None = None) -> list[SlotInfo]:
     """All slots of the server, or of one database, sorted by name."""
-    query = _SLOTS_SQL + (" WHERE database = %s" if database else "") + " ORDER BY slot_name"
+    query = SLOTS_QUERY + (" WHERE database = %s" if database else "") + " ORDER BY slot_name"
     with conn.cursor() as cur:
         cur.execute(query, (database,) if database else None)
-        return [_slot_info(row) for row in cur.fetchall()]
+        return [slot_info_from_row(row) for row in cur.fetchall()]
 
 
 def describe_slot(conn: Any, name: str) -> SlotInfo:
     """One slot's state; ``SlotNotFoundError`` names the slots that do exist."""
     validate_slot_name(name)
     with conn.cursor() as cur:
-        cur.execute(_SLOTS_SQL + " WHERE slot_name = %s", (name,))
+        cur.execute(SLOTS_QUERY + " WHERE slot_name = %s", (name,))
         row = cur.fetchone()
     if row is None:
         existing = [slot.slot_name for slot in list_slots(conn)]
@@ -179,7 +179,7 @@ def describe_slot(conn: Any, name: str) -> SlotInfo:
             f"replication slot {name!r} does not exist (existing: {', '.join(existing) or 'none'}). "
             "Create it with the initial snapshot, which exports the snapshot the copy needs."
         )
-    return _slot_info(row)
+    return slot_info_from_row(row)
 
 
 def slot_lag_bytes(conn: Any, name: str) -> int:
