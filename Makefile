@@ -8,6 +8,10 @@ export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
+# Debian's PostgreSQL JDBC driver, for the Spark copy engine (spark.jars).
+JDBC_JAR := /usr/share/java/postgresql.jar
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 .PHONY: venv lint test demo clean
 
 $(STAMP): pyproject.toml
@@ -23,7 +27,11 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+$(JDBC_JAR):
+	$(SUDO) apt-get update -qq
+	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java
+
+test: lint $(JDBC_JAR)
 	$(BIN)/python -m pytest
 
 demo: venv

@@ -23,4 +23,27 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "hook-class-names": ["airflow_provider_pglogical.hooks.pglogical.PgLogicalHook"],
+        "operators": [
+            {
+                "integration-name": "PostgreSQL logical replication",
+                "python-modules": [
+                    "airflow_provider_pglogical.operators.snapshot",
+                    "airflow_provider_pglogical.operators.drain",
+                    "airflow_provider_pglogical.operators.spark_apply",
+                    "airflow_provider_pglogical.operators.ack",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "PostgreSQL logical replication",
+                "python-modules": ["airflow_provider_pglogical.sensors.slot_lag"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "PostgreSQL logical replication",
+                "python-modules": ["airflow_provider_pglogical.triggers.slot_lag"],
+            }
+        ],
     }

@@ -52,7 +52,7 @@ def cdc_microbatch_task_group(
     with TaskGroup(group_id=group_id) as group:
         drain = PgLogicalDrainOperator(
             task_id="drain",
-            slot=slot,
+            slot_name=slot,
             publications=publications,
             staging=staging,
             pglogical_conn_id=pglogical_conn_id,
@@ -70,7 +70,11 @@ def cdc_microbatch_task_group(
             spark_binary=spark_binary,
         )
         ack = PgLogicalAckOperator(
-            task_id="ack", slot=slot, manifest=manifest, target=target, pglogical_conn_id=pglogical_conn_id
+            task_id="ack",
+            slot_name=slot,
+            manifest=manifest,
+            target=target,
+            pglogical_conn_id=pglogical_conn_id,
         )
         drain >> apply >> ack
         if lag_sensor is not None:

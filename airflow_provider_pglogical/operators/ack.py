@@ -26,36 +26,36 @@ class PgLogicalAckOperator(BaseOperator):
     Acknowledging twice is harmless (a slot never moves backwards), and so is acknowledging a
     batch the slot is already past.
 
-    :param slot: replication slot name (templated).
+    :param slot_name: replication slot name (templated).
     :param manifest: URI or path of the batch's ``_manifest.json``, usually the drain's
         ``{{ ti.xcom_pull(task_ids='drain')['manifest'] }}`` (templated).
     :param target: root of the target lake tables, where the ledger lives (templated).
     :param pglogical_conn_id: Airflow connection of the source database (templated).
     """
 
-    template_fields: Sequence[str] = ("pglogical_conn_id", "slot", "manifest", "target")
+    template_fields: Sequence[str] = ("pglogical_conn_id", "slot_name", "manifest", "target")
     ui_color = "#d5f5d5"
 
     def __init__(
         self,
         *,
-        slot: str,
+        slot_name: str,
         manifest: str,
         target: str,
         pglogical_conn_id: str = PgLogicalHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.slot = slot
+        self.slot_name = slot_name
         self.manifest = manifest
         self.target = target
         self.pglogical_conn_id = pglogical_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         manifest = read_manifest(self.manifest)
-        if manifest.slot != self.slot:
+        if manifest.slot != self.slot_name:
             raise ManifestSlotMismatchError(
-                f"manifest {self.manifest} belongs to slot {manifest.slot!r}, not {self.slot!r}: "
+                f"manifest {self.manifest} belongs to slot {manifest.slot!r}, not {self.slot_name!r}: "
                 "pass the manifest drained from this slot"
             )
         missing = missing_tables(self.target, manifest)
@@ -64,6 +64,6 @@ class PgLogicalAckOperator(BaseOperator):
                 f"batch {manifest.batch_id} is not applied to {self.target} for {', '.join(missing)}: "
                 "the slot stays where it is. Run (or re-run) the apply task for this manifest first."
             )
-        position = PgLogicalHook(self.pglogical_conn_id).advance_slot(self.slot, manifest.end_lsn)
-        self.log.info("slot %s acknowledged up to %s (batch %s)", self.slot, position, manifest.batch_id)
-        return {"slot": self.slot, "batch_id": manifest.batch_id, "confirmed_flush_lsn": str(position)}
+        position = PgLogicalHook(self.pglogical_conn_id).advance_slot(self.slot_name, manifest.end_lsn)
+        self.log.info("slot %s acknowledged up to %s (batch %s)", self.slot_name, position, manifest.batch_id)
+        return {"slot": self.slot_name, "batch_id": manifest.batch_id, "confirmed_flush_lsn": str(position)}

@@ -17,7 +17,7 @@ class PgLogicalDrainOperator(BaseOperator):
     Returns (XCom) a small JSON summary: ``manifest`` (URI of the batch's ``_manifest.json``),
     the LSN window, per-table counts and whether a retry reused an earlier complete attempt.
 
-    :param slot: replication slot name (templated).
+    :param slot_name: replication slot name (templated).
     :param publications: publication name(s) the slot is read with (templated).
     :param staging: staging root: local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://`` (templated).
     :param pglogical_conn_id: Airflow connection of the source database (templated).
@@ -28,7 +28,7 @@ class PgLogicalDrainOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "pglogical_conn_id",
-        "slot",
+        "slot_name",
         "publications",
         "staging",
         "max_messages",
@@ -39,7 +39,7 @@ class PgLogicalDrainOperator(BaseOperator):
     def __init__(
         self,
         *,
-        slot: str,
+        slot_name: str,
         publications: str | Sequence[str],
         staging: str,
         pglogical_conn_id: str = PgLogicalHook.default_conn_name,
@@ -49,7 +49,7 @@ class PgLogicalDrainOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.slot = slot
+        self.slot_name = slot_name
         self.publications = publications
         self.staging = staging
         self.pglogical_conn_id = pglogical_conn_id
@@ -60,7 +60,7 @@ class PgLogicalDrainOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
         settings = DrainSettings(
-            slot=self.slot,
+            slot=self.slot_name,
             publications=tuple(publications),
             staging=self.staging,
             transport=self.transport,

@@ -1,0 +1,289 @@
+"""The ``_manifest.json`` of a staged snapshot or change batch (docs/FORMATS.md, format version 1).
+
+A manifest is written last, so its presence is what makes a staged directory complete; the
+Spark apply job reads the same JSON without importing this module, so every field here is
+defined on that page and changes there first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.lsn import Lsn
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "_manifest.json"
+
+Kind = Literal["snapshot", "batch"]
+ReplicaIdentity = Literal["d", "f", "i", "n"]
+
+# Characters that would make a table directory name ambiguous ("." separates schema and table).
+_ENCODED = {"%": "%25", "/": "%2F", ".": "%2E"}
+
+
+class ManifestFormatError(PgLogicalError, ValueError):
+    """A manifest's JSON does not follow format version 1 (missing key, wrong kind or version)."""
+
+
+def _encode_part(name: str) -> str:
+    return "".join(_ENCODED.get(ch, ch) for ch in name)
+
+
+def _decode_part(text: str) -> str:
+    # Only the three escapes _encode_part produces exist; decode %25 last so "%252E" stays "%2E".
+    return text.replace("%2F", "/").replace("%2E", ".").replace("%25", "%")
+
+
+def table_dir_name(schema: str, table: str) -> str:
+    """``schema.table`` with ``/``, ``%`` and ``.`` percent-encoded in each part (``s.a%2Eb``)."""
+    return f"{_encode_part(schema)}.{_encode_part(table)}"
+
+
+def parse_table_dir_name(name: str) -> tuple[str, str]:
+    """Inverse of :func:`table_dir_name`."""
+    schema, sep, table = name.partition(".")
+    if not sep or "." in table:
+        raise ValueError(f"not a table directory name: {name!r}")
+    return _decode_part(schema), _decode_part(table)
+
+
+def snapshot_batch_id(consistent_point: Lsn) -> str:
+    """``snapshot-<LSN as 16 hex digits>``: sorts by LSN as text."""
+    return f"snapshot-{int(consistent_point):016X}"
+
+
+def change_batch_id(start_lsn: Lsn, end_lsn: Lsn) -> str:
+    """``batch-<start hex16>-<end hex16>``."""
+    return f"batch-{int(start_lsn):016X}-{int(end_lsn):016X}"
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise ManifestFormatError(f"manifest {where} lacks {key!r}")
+    return data[key]
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnManifest:
+    """One staged column: its PostgreSQL type (name, OID, typmod) and the Arrow type it is stored as."""
+
+    name: str
+    pg_type: str
+    type_oid: int
+    typmod: int
+    arrow_type: str
+    key: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pg_type": self.pg_type,
+            "type_oid": self.type_oid,
+            "typmod": self.typmod,
+            "arrow_type": self.arrow_type,
+            "key": self.key,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ColumnManifest:
+        where = "column"
+        return cls(
+            name=str(_require(data, "name", where)),
+            pg_type=str(_require(data, "pg_type", where)),
+            type_oid=int(_require(data, "type_oid", where)),
+            typmod=int(_require(data, "typmod", where)),
+            arrow_type=str(_require(data, "arrow_type", where)),
+            key=bool(data.get("key", False)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TableManifest:
+    """One table's staged files, columns, keys and the filter/column list that selected its rows.
+
+    ``files`` are relative to the batch directory. ``row_filter`` is ``None`` when every row is
+    published; ``column_list`` is ``None`` when every column is.
+    """
+
+    schema: str
+    table: str
+    columns: tuple[ColumnManifest, ...]
+    key_columns: tuple[str, ...]
+    replica_identity: ReplicaIdentity
+    rows: int
+    files: tuple[str, ...]
+    row_filter: str | None = None
+    column_list: tuple[str, ...] | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def path(self) -> str:
+        return table_dir_name(self.schema, self.table)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "table": self.table,
+            "path": self.path,
+            "columns": [column.to_dict() for column in self.columns],
+            "key_columns": list(self.key_columns),
+            "replica_identity": self.replica_identity,
+            "rows": self.rows,
+            "files": list(self.files),
+            "row_filter": self.row_filter,
+            "column_list": None if self.column_list is None else list(self.column_list),
+            "warnings": list(self.warnings),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TableManifest:
+        where = "table"
+        identity = str(_require(data, "replica_identity", where))
+        if identity not in ("d", "f", "i", "n"):
+            raise ManifestFormatError(f"replica_identity must be one of d, f, i, n, not {identity!r}")
+        column_list = data.get("column_list")
+        return cls(
+            schema=str(_require(data, "schema", where)),
+            table=str(_require(data, "table", where)),
+            columns=tuple(ColumnManifest.from_dict(c) for c in _require(data, "columns", where)),
+            key_columns=tuple(str(c) for c in _require(data, "key_columns", where)),
+            replica_identity=identity,  # type: ignore[arg-type]
+            rows=int(_require(data, "rows", where)),
+            files=tuple(str(f) for f in _require(data, "files", where)),
+            row_filter=data.get("row_filter"),
+            column_list=None if column_list is None else tuple(str(c) for c in column_list),
+            warnings=tuple(str(w) for w in data.get("warnings", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestStats:
+    """Totals of a batch (``changes``/``transactions`` are 0 for a snapshot, which has rows instead)."""
+
+    changes: int = 0
+    transactions: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "changes": self.changes,
+            "transactions": self.transactions,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ManifestStats:
+        return cls(
+            changes=int(data.get("changes", 0)),
+            transactions=int(data.get("transactions", 0)),
+            bytes=int(data.get("bytes", 0)),
+            seconds=float(data.get("seconds", 0.0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A staged snapshot (``kind="snapshot"``) or drained change batch (``kind="batch"``).
+
+    For a snapshot ``start_lsn == end_lsn ==`` the slot's consistent point and
+    ``snapshot_name`` is the exported snapshot the copy read; for a batch they are the LSN
+    window and ``snapshot_name`` is ``None``.
+    """
+
+    kind: Kind
+    slot: str
+    database: str
+    batch_id: str
+    start_lsn: Lsn
+    end_lsn: Lsn
+    tables: tuple[TableManifest, ...]
+    snapshot_name: str | None = None
+    created_at: str = field(default_factory=_utc_now)
+    stats: ManifestStats = field(default_factory=ManifestStats)
+    format_version: int = FORMAT_VERSION
+
+    def table(self, schema: str, table: str) -> TableManifest:
+        """The entry of one table; ``KeyError`` when the manifest has none."""
+        for entry in self.tables:
+            if entry.schema == schema and entry.table == table:
+                return entry
+        raise KeyError(f"{schema}.{table} is not in manifest {self.batch_id}")
+
+    @property
+    def total_rows(self) -> int:
+        return sum(entry.rows for entry in self.tables)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "format_version": self.format_version,
+            "kind": self.kind,
+            "slot": self.slot,
+            "database": self.database,
+            "batch_id": self.batch_id,
+            "start_lsn": str(self.start_lsn),
+            "end_lsn": str(self.end_lsn),
+        }
+        if self.kind == "snapshot":
+            data["snapshot_name"] = self.snapshot_name
+        data["created_at"] = self.created_at
+        data["tables"] = [entry.to_dict() for entry in self.tables]
+        data["stats"] = self.stats.to_dict()
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        where = "document"
+        version = _require(data, "format_version", where)
+        if version != FORMAT_VERSION:
+            raise ManifestFormatError(
+                f"manifest format_version {version!r} is not supported (this package reads {FORMAT_VERSION})"
+            )
+        kind = _require(data, "kind", where)
+        if kind not in ("snapshot", "batch"):
+            raise ManifestFormatError(f"manifest kind must be 'snapshot' or 'batch', not {kind!r}")
+        try:
+            start_lsn = Lsn.parse(str(_require(data, "start_lsn", where)))
+            end_lsn = Lsn.parse(str(_require(data, "end_lsn", where)))
+        except ValueError as exc:
+            raise ManifestFormatError(str(exc)) from exc
+        return cls(
+            kind=kind,
+            slot=str(_require(data, "slot", where)),
+            database=str(_require(data, "database", where)),
+            batch_id=str(_require(data, "batch_id", where)),
+            start_lsn=start_lsn,
+            end_lsn=end_lsn,
+            tables=tuple(TableManifest.from_dict(t) for t in _require(data, "tables", where)),
+            snapshot_name=data.get("snapshot_name"),
+            created_at=str(_require(data, "created_at", where)),
+            stats=ManifestStats.from_dict(data.get("stats") or {}),
+            format_version=FORMAT_VERSION,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ManifestFormatError(f"manifest is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ManifestFormatError("manifest JSON must be an object")
+        return cls.from_dict(data)
