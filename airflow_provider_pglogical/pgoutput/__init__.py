@@ -1,0 +1,93 @@
+"""pgoutput logical replication decoding: bytes in, typed messages, transactions and Arrow out.
+
+No Airflow and no I/O here. The drain calls :class:`BatchDecoder`; ``pglogical peek``, the tests
+and streaming consumers use :class:`PgOutputDecoder` and :class:`TransactionAssembler`.
+"""
+
+from airflow_provider_pglogical.pgoutput.arrow import (
+    METADATA_FIELDS,
+    TRANSACTION_SCHEMA,
+    DecodedBatch,
+    TableChanges,
+    change_schema,
+    transactions_to_tables,
+)
+from airflow_provider_pglogical.pgoutput.assembly import (
+    RowChange,
+    Transaction,
+    TransactionAssembler,
+    assemble,
+)
+from airflow_provider_pglogical.pgoutput.columnar import BatchDecoder
+from airflow_provider_pglogical.pgoutput.decoder import PgOutputDecoder
+from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
+from airflow_provider_pglogical.pgoutput.messages import (
+    PG_EPOCH_US,
+    Begin,
+    BeginPrepare,
+    Column,
+    Commit,
+    CommitPrepared,
+    Delete,
+    Insert,
+    LogicalMessage,
+    Message,
+    MessageType,
+    Origin,
+    Prepare,
+    Relation,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+    StreamStop,
+    Truncate,
+    TupleData,
+    TupleKind,
+    Type,
+    Update,
+)
+from airflow_provider_pglogical.pgoutput.relations import RelationCache
+
+__all__ = [
+    "METADATA_FIELDS",
+    "PG_EPOCH_US",
+    "TRANSACTION_SCHEMA",
+    "BatchDecoder",
+    "Begin",
+    "BeginPrepare",
+    "Column",
+    "Commit",
+    "CommitPrepared",
+    "DecodedBatch",
+    "Delete",
+    "Insert",
+    "LogicalMessage",
+    "Message",
+    "MessageType",
+    "Origin",
+    "PgOutputDecodeError",
+    "PgOutputDecoder",
+    "Prepare",
+    "Relation",
+    "RelationCache",
+    "RollbackPrepared",
+    "RowChange",
+    "StreamAbort",
+    "StreamCommit",
+    "StreamPrepare",
+    "StreamStart",
+    "StreamStop",
+    "TableChanges",
+    "Transaction",
+    "TransactionAssembler",
+    "Truncate",
+    "TupleData",
+    "TupleKind",
+    "Type",
+    "Update",
+    "assemble",
+    "change_schema",
+    "transactions_to_tables",
+]

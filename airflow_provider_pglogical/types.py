@@ -1,0 +1,526 @@
+"""PostgreSQL type -> Arrow type mapping, shared by the snapshot copy and the pgoutput decoder.
+
+Both read values in PostgreSQL's *text* representation (``COPY ... TO STDOUT`` text format and
+pgoutput ``'t'`` tuple values are produced by the same type output functions), so one vectorised
+conversion serves both: :func:`text_to_arrow` takes a column of raw text values and lets
+``pyarrow.compute`` cast it.
+
+Assumptions the callers must guarantee on the server session that produced the text:
+
+* ``DateStyle = ISO`` (``2024-01-02 03:04:05.123456``), ``bytea_output = hex`` and
+  ``extra_float_digits >= 1`` (the default since PostgreSQL 12; shortest exact float text),
+* ``IntervalStyle``: any (intervals stay text, in the style of the session that produced them;
+  ``replication.connection`` sets ``iso_8601``),
+* ``TimeZone = UTC`` so ``timestamptz`` values carry ``+00``; any whole-hour or ``HH:MM`` offset
+  is still converted correctly, a seconds offset is not representable and is reported,
+* text is UTF-8 (the server encoding is read by callers; other encodings must be transcoded first).
+
+Type rules (DESIGN.md "Types"): lossless first.
+
+=========================== ==========================================================
+PostgreSQL                  Arrow
+=========================== ==========================================================
+bool                        bool (``t``/``f``)
+int2 / int4 / int8          int16 / int32 / int64
+oid, xid, cid               int64
+float4 / float8             float32 / float64 (``NaN``, ``Infinity``, ``-Infinity`` kept)
+numeric(p, s), p <= 38      decimal128(p, s)
+numeric (no typmod, p > 38) string (exact text)
+text, varchar, bpchar, name string (``bpchar`` keeps its padding, as the server sends it)
+bytea                       binary (from hex text)
+date                        date32
+time                        time64[us]
+timestamp                   timestamp[us]
+timestamptz                 timestamp[us, UTC]
+uuid                        string (canonical lower-case text; Spark has no UUID type)
+json, jsonb                 string (a JSON ``null`` stays the text ``null``, unlike SQL NULL)
+1-D arrays of the above     list<element> (``{}`` is an empty list, not NULL)
+anything else               string (exact text: interval, money, timetz, inet, custom types, ...)
+=========================== ==========================================================
+
+Values that the chosen Arrow type cannot hold (``infinity``/``-infinity`` and BC or year > 9999
+dates and timestamps, ``NaN``/``Infinity`` numerics in a decimal column, ``24:00:00`` times,
+multi-dimensional arrays in a list column) are never dropped or silently nulled:
+:func:`text_to_arrow` raises :class:`UnrepresentableValueError`, and
+:func:`text_to_arrow_with_overflow` returns them as exact text next to the typed column for
+callers that can store such a side channel.
+
+With the pgoutput ``binary`` option values come in each type's *send* format instead:
+:func:`binary_to_arrow` reads the common built-in scalars into the same Arrow types (the tests
+check it against the text route on server captures) and refuses the rest (arrays, interval,
+custom types...) with :class:`UnsupportedBinaryTypeError` rather than guess.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_pglogical.errors import PgLogicalError
+
+__all__ = [
+    "UnrepresentableValueError",
+    "UnsupportedBinaryTypeError",
+    "arrow_type",
+    "binary_to_arrow",
+    "pg_type_name",
+    "text_to_arrow",
+    "text_to_arrow_with_overflow",
+]
+
+
+class UnrepresentableValueError(PgLogicalError):
+    """A value has no exact representation in its column's Arrow type (e.g. ``'infinity'::date``)."""
+
+    def __init__(self, type_oid: int, typmod: int, values: list[str]) -> None:
+        self.type_oid = type_oid
+        self.typmod = typmod
+        self.values = values
+        shown = ", ".join(repr(v) for v in values[:5])
+        super().__init__(
+            f"{len(values)} value(s) of type {pg_type_name(type_oid)} cannot be held by "
+            f"{arrow_type(type_oid, typmod)} without loss: {shown}. Store them via "
+            "text_to_arrow_with_overflow, or change the column (e.g. to text) in the source."
+        )
+
+
+class UnsupportedBinaryTypeError(PgLogicalError):
+    """A value arrived in binary format (pgoutput ``binary``) for a type we only read as text."""
+
+
+# Built-in scalar type OIDs (pg_type.dat) and their names.
+_NAMES: dict[int, str] = {
+    16: "bool",
+    17: "bytea",
+    18: "char",
+    19: "name",
+    20: "int8",
+    21: "int2",
+    23: "int4",
+    25: "text",
+    26: "oid",
+    28: "xid",
+    29: "cid",
+    114: "json",
+    142: "xml",
+    650: "cidr",
+    700: "float4",
+    701: "float8",
+    790: "money",
+    829: "macaddr",
+    869: "inet",
+    1042: "bpchar",
+    1043: "varchar",
+    1082: "date",
+    1083: "time",
+    1114: "timestamp",
+    1184: "timestamptz",
+    1186: "interval",
+    1266: "timetz",
+    1560: "bit",
+    1562: "varbit",
+    1700: "numeric",
+    2950: "uuid",
+    3220: "pg_lsn",
+    3802: "jsonb",
+}
+
+# Array type OID -> element type OID for the built-in scalars above.
+_ARRAY_ELEMENT: dict[int, int] = {
+    1000: 16,
+    1001: 17,
+    1002: 18,
+    1003: 19,
+    1016: 20,
+    1005: 21,
+    1007: 23,
+    1009: 25,
+    1028: 26,
+    1011: 28,
+    199: 114,
+    143: 142,
+    651: 650,
+    1021: 700,
+    1022: 701,
+    791: 790,
+    1040: 829,
+    1041: 869,
+    1014: 1042,
+    1015: 1043,
+    1182: 1082,
+    1183: 1083,
+    1115: 1114,
+    1185: 1184,
+    1187: 1186,
+    1270: 1266,
+    1561: 1560,
+    1563: 1562,
+    1231: 1700,
+    2951: 2950,
+    3221: 3220,
+    3807: 3802,
+}
+
+_SCALAR_ARROW: dict[int, pa.DataType] = {
+    16: pa.bool_(),
+    17: pa.binary(),
+    20: pa.int64(),
+    21: pa.int16(),
+    23: pa.int32(),
+    26: pa.int64(),
+    28: pa.int64(),
+    29: pa.int64(),
+    700: pa.float32(),
+    701: pa.float64(),
+    1082: pa.date32(),
+    1083: pa.time64("us"),
+    1114: pa.timestamp("us"),
+    1184: pa.timestamp("us", tz="UTC"),
+}
+
+_NUMERIC = 1700
+_BYTEA = 17
+_BOOL = 16
+_TIME = 1083
+_VARHDRSZ = 4
+_HEX_NIBBLE = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX_NIBBLE[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _HEX_NIBBLE[_c] = 10 + _i
+
+
+def pg_type_name(type_oid: int) -> str:
+    """The ``pg_type.typname`` of a built-in type (``_int4`` for arrays), else ``oid:<n>``."""
+    if type_oid in _NAMES:
+        return _NAMES[type_oid]
+    element = _ARRAY_ELEMENT.get(type_oid)
+    if element is not None:
+        return "_" + _NAMES[element]
+    return f"oid:{type_oid}"
+
+
+def _numeric_type(typmod: int) -> pa.DataType:
+    if typmod < _VARHDRSZ:
+        return pa.string()
+    precision = ((typmod - _VARHDRSZ) >> 16) & 0xFFFF
+    # PostgreSQL 15 stores the scale as an 11-bit signed field (negative scales are allowed).
+    scale = (((typmod - _VARHDRSZ) & 0x7FF) ^ 1024) - 1024
+    if not 1 <= precision <= 38 or scale < 0 or scale > precision:
+        return pa.string()
+    return pa.decimal128(precision, scale)
+
+
+def _scalar_type(type_oid: int, typmod: int) -> pa.DataType:
+    if type_oid == _NUMERIC:
+        return _numeric_type(typmod)
+    return _SCALAR_ARROW.get(type_oid, pa.string())
+
+
+def arrow_type(type_oid: int, typmod: int) -> pa.DataType:
+    """The Arrow type a column of this PostgreSQL type (and ``atttypmod``) is stored as."""
+    element = _ARRAY_ELEMENT.get(type_oid)
+    if element is not None:
+        # Array typmods are the element's typmod (numeric(10,2)[] has the numeric typmod).
+        return pa.list_(_scalar_type(element, typmod))
+    return _scalar_type(type_oid, typmod)
+
+
+def text_to_arrow(values: pa.Array, type_oid: int, typmod: int) -> pa.Array:
+    """Convert a column of PostgreSQL text values (string or string_view, nulls = SQL NULL).
+
+    Raises :class:`UnrepresentableValueError` when a value cannot be held exactly.
+    """
+    typed, overflow = text_to_arrow_with_overflow(values, type_oid, typmod)
+    if overflow is not None:
+        raise UnrepresentableValueError(type_oid, typmod, [v for v in overflow.to_pylist() if v is not None])
+    return typed
+
+
+def text_to_arrow_with_overflow(
+    values: pa.Array, type_oid: int, typmod: int
+) -> tuple[pa.Array, pa.Array | None]:
+    """Like :func:`text_to_arrow`, but unrepresentable values come back instead of raising.
+
+    Returns ``(typed, overflow)``: ``overflow`` is ``None`` when every value converted; else a
+    string array of the same length holding the exact text where ``typed`` is null only because
+    the value did not fit (null elsewhere).
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    target = arrow_type(type_oid, typmod)
+    numeric = pa.types.is_integer(target) or pa.types.is_floating(target) or pa.types.is_decimal(target)
+    if (pa.types.is_string_view(values.type) and not numeric) or pa.types.is_large_string(values.type):
+        # Numbers parse straight from views; other kernels need (and the schema wants) plain strings.
+        values = values.cast(pa.string())
+    if pa.types.is_string(target):
+        return values, None
+    if pa.types.is_list(target):
+        element = _ARRAY_ELEMENT[type_oid]
+        return _array_to_list(values, element, typmod, target)
+    return _convert_scalar(values, type_oid, target)
+
+
+def _convert_scalar(values: pa.Array, type_oid: int, target: pa.DataType) -> tuple[pa.Array, pa.Array | None]:
+    try:
+        return _cast_fast(values, type_oid, target), None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    # Rare path: at least one value does not fit; find which, one by one.
+    typed: list[object] = []
+    overflow: list[str | None] = []
+    for item in values.to_pylist():
+        if item is None:
+            typed.append(None)
+            overflow.append(None)
+            continue
+        try:
+            typed.append(_cast_fast(pa.array([item], pa.string()), type_oid, target)[0].as_py())
+            overflow.append(None)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            typed.append(None)
+            overflow.append(item)
+    has_overflow = any(v is not None for v in overflow)
+    return pa.array(typed, target), (pa.array(overflow, pa.string()) if has_overflow else None)
+
+
+def _cast_fast(values: pa.Array, type_oid: int, target: pa.DataType) -> pa.Array:
+    """Whole-column conversion; raises ArrowInvalid if any value does not convert exactly."""
+    if type_oid == _BOOL:
+        return _text_to_bool(values)
+    if type_oid == _BYTEA:
+        return _hex_to_binary(values)
+    if type_oid == _TIME:
+        stamps = pc.binary_join_element_wise("1970-01-01 ", values, "")
+        return pc.cast(pc.cast(stamps, pa.timestamp("us")), target)
+    # pyarrow reads "0044-03-15 BC" as year 44 AD; refuse rather than shift by 87 years.
+    if (pa.types.is_date(target) or pa.types.is_timestamp(target)) and pc.any(
+        pc.ends_with(values, " BC")
+    ).as_py():
+        raise pa.ArrowInvalid("BC date")
+    return pc.cast(values, target)
+
+
+def _text_to_bool(values: pa.Array) -> pa.Array:
+    is_true = pc.equal(values, "t")
+    if not pc.all(pc.or_(is_true, pc.equal(values, "f")), min_count=0).as_py():
+        raise pa.ArrowInvalid("boolean text other than 't'/'f'")
+    return is_true
+
+
+def _hex_to_binary(values: pa.Array) -> pa.Array:
+    """``\\x0a1b`` hex text to binary, vectorised over the whole data buffer."""
+    if values.null_count == len(values):
+        return pa.nulls(len(values), pa.binary())
+    if not pc.all(pc.starts_with(values, "\\x"), min_count=0).as_py():
+        raise pa.ArrowInvalid("bytea text is not hex (bytea_output must be 'hex')")
+    digits = pc.utf8_slice_codeunits(values, 2).cast(pa.string())
+    lengths = pc.fill_null(pc.binary_length(digits), 0).to_numpy(zero_copy_only=False)
+    if np.any(lengths % 2):
+        raise pa.ArrowInvalid("odd number of hex digits in bytea text")
+    offsets = np.zeros(len(digits) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    joined = pc.binary_join(pa.array([pc.fill_null(digits, "")], pa.list_(pa.string())), "")[0].as_py()
+    nibbles = _HEX_NIBBLE[np.frombuffer(joined.encode("ascii"), dtype=np.uint8)]
+    if np.any(nibbles == 255):
+        raise pa.ArrowInvalid("invalid hex digit in bytea text")
+    data = (nibbles[0::2] << 4) | nibbles[1::2]
+    validity = values.buffers()[0] if values.null_count else None
+    if validity is not None and values.offset:
+        validity = pc.is_valid(values).buffers()[1]
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [validity, pa.py_buffer(offsets // 2), pa.py_buffer(data.tobytes())]
+    )
+
+
+def _array_to_list(
+    values: pa.Array, element: int, typmod: int, target: pa.ListType
+) -> tuple[pa.Array, pa.Array | None]:
+    """One-dimensional array text ``{a,"b c",NULL}`` to ``list<element>``."""
+    texts = values.to_pylist()
+    items: list[list[str | None] | None] = []
+    overflow: list[str | None] = []
+    for text in texts:
+        parsed = None if text is None else _parse_array_text(text)
+        items.append(parsed)
+        overflow.append(text if text is not None and parsed is None else None)
+    offsets = [0]
+    flat: list[str | None] = []
+    validity: list[bool] = []
+    for parsed in items:
+        if parsed is not None:
+            flat.extend(parsed)
+        offsets.append(len(flat))
+        validity.append(parsed is not None)
+    flat_typed, flat_overflow = text_to_arrow_with_overflow(pa.array(flat, pa.string()), element, typmod)
+    if flat_overflow is not None:
+        bad_rows = set(np.searchsorted(offsets, np.flatnonzero(pc.is_valid(flat_overflow)), side="right") - 1)
+        for row in bad_rows:
+            overflow[int(row)] = texts[int(row)]
+            validity[int(row)] = False
+    mask = pa.array([not ok for ok in validity], pa.bool_())
+    result = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat_typed, type=target, mask=mask)
+    has_overflow = any(v is not None for v in overflow)
+    return result, (pa.array(overflow, pa.string()) if has_overflow else None)
+
+
+def _parse_array_text(text: str) -> list[str | None] | None:
+    """Parse a one-dimensional array literal; ``None`` when it is not one (nested, bounds)."""
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        return None
+    body = text[1:-1]
+    if not body:
+        return []
+    if '"' not in body and "\\" not in body:
+        if "{" in body:
+            return None
+        return [None if item == "NULL" else item for item in body.split(",")]
+    out: list[str | None] = []
+    i, n = 0, len(body)
+    while i <= n:
+        if i < n and body[i] == "{":
+            return None
+        if i < n and body[i] == '"':
+            i += 1
+            chars: list[str] = []
+            while i < n and body[i] != '"':
+                if body[i] == "\\":
+                    i += 1
+                chars.append(body[i])
+                i += 1
+            out.append("".join(chars))
+            i += 1
+        else:
+            end = body.find(",", i)
+            end = n if end < 0 else end
+            raw = body[i:end]
+            out.append(None if raw == "NULL" else raw)
+            i = end
+        i += 1
+    return out
+
+
+# --- binary format (pgoutput option ``binary``) ---------------------------------------------------
+
+# Fixed-width send formats: network-order integers and floats; date, time and timestamps count
+# days or microseconds from 2000-01-01 (PostgreSQL's epoch).
+_FIXED_BINARY: dict[int, str] = {
+    16: "u1", 20: ">i8", 21: ">i2", 23: ">i4", 26: ">u4", 28: ">u4", 29: ">u4",
+    700: ">f4", 701: ">f8", 1082: ">i4", 1083: ">i8", 1114: ">i8", 1184: ">i8",
+}  # fmt: skip
+# Types whose send format is their text in the server encoding (UTF-8 here).
+_TEXT_BINARY = frozenset({19, 25, 114, 142, 1042, 1043})
+_JSONB, _UUID, _DATE = 3802, 2950, 1082
+_PG_EPOCH_DAYS = 10_957
+_PG_EPOCH_US = 946_684_800_000_000
+_DAY_US = 86_400_000_000
+# date32 and timestamp[us] bounds that keep values in years 1..9999, like the text route.
+_DATE_RANGE = (-719_162, 2_932_896)
+_TIMESTAMP_RANGE = (-62_135_596_800_000_000, 253_402_300_800_000_000)
+_NUMERIC_HEAD = struct.Struct("!hhHh")
+_NUMERIC_SPECIAL = {0xC000: "NaN", 0xD000: "Infinity", 0xF000: "-Infinity"}
+
+
+def binary_to_arrow(values: pa.Array, type_oid: int, typmod: int) -> pa.Array:
+    """Convert a column of binary-format values (pgoutput ``b`` kind; nulls = SQL NULL).
+
+    Supported: the fixed-width built-ins (integers, oid, floats, bool, date, time, timestamps),
+    text-like types, json, jsonb, bytea, uuid and numeric. Anything else raises
+    :class:`UnsupportedBinaryTypeError`; values out of the Arrow type's range raise
+    :class:`UnrepresentableValueError`, as in the text route.
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    values = values.cast(pa.binary())
+    target = arrow_type(type_oid, typmod)
+    if type_oid in _FIXED_BINARY:
+        return _fixed_binary(values, type_oid, typmod, target)
+    if type_oid in _TEXT_BINARY or type_oid == _JSONB:
+        if type_oid == _JSONB:
+            if not pc.all(pc.starts_with(values, "\x01"), min_count=0).as_py():
+                raise UnsupportedBinaryTypeError("jsonb binary value with a format version other than 1")
+            values = pa.array([None if v is None else v[1:] for v in values.to_pylist()], pa.binary())
+        try:
+            return values.cast(pa.string())
+        except pa.ArrowInvalid as exc:
+            raise UnsupportedBinaryTypeError(f"{pg_type_name(type_oid)} value is not UTF-8: {exc}") from None
+    if type_oid == _BYTEA:
+        return values
+    if type_oid in (_UUID, _NUMERIC):
+        convert = _uuid_text if type_oid == _UUID else _numeric_text
+        texts = [None if v is None else convert(v) for v in values.to_pylist()]
+        return text_to_arrow(pa.array(texts, pa.string()), type_oid, typmod)
+    raise UnsupportedBinaryTypeError(
+        f"binary format of type {pg_type_name(type_oid)} is not supported; decode it as text "
+        "(leave the pgoutput 'binary' option off)"
+    )
+
+
+def _fixed_binary(values: pa.Array, type_oid: int, typmod: int, target: pa.DataType) -> pa.Array:
+    dtype = np.dtype(_FIXED_BINARY[type_oid])
+    valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(pc.binary_length(values), dtype.itemsize).to_numpy(zero_copy_only=False)
+    if np.any(lengths != dtype.itemsize):
+        raise UnsupportedBinaryTypeError(f"{pg_type_name(type_oid)} binary value of unexpected length")
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int32)[
+        values.offset : values.offset + len(values) + 1
+    ]
+    data = values.buffers()[2]
+    raw = np.frombuffer(data, dtype=dtype, count=int(valid.sum()), offset=int(offsets[0])) if data else None
+    numbers = np.zeros(len(values), dtype=dtype.newbyteorder("=") if dtype.itemsize > 1 else dtype)
+    if raw is not None:
+        numbers[valid] = raw
+    if type_oid == _BOOL:
+        return pa.array(numbers != 0, pa.bool_(), mask=~valid)
+    if type_oid == _DATE:
+        days = numbers.astype(np.int64) + _PG_EPOCH_DAYS
+        _check_range(days, valid, _DATE_RANGE, type_oid, typmod)
+        return pa.array(days.astype(np.int32), pa.int32(), mask=~valid).cast(target)
+    if type_oid == _TIME:
+        _check_range(numbers, valid, (0, _DAY_US - 1), type_oid, typmod)
+        return pa.array(numbers, pa.int64(), mask=~valid).cast(target)
+    if pa.types.is_timestamp(target):
+        micros = numbers.astype(np.int64)
+        _check_range(
+            micros,
+            valid,
+            (_TIMESTAMP_RANGE[0] - _PG_EPOCH_US, _TIMESTAMP_RANGE[1] - _PG_EPOCH_US),
+            type_oid,
+            typmod,
+        )
+        return pa.array(micros + _PG_EPOCH_US, pa.int64(), mask=~valid).cast(target)
+    return pa.array(numbers, mask=~valid).cast(target)
+
+
+def _check_range(
+    numbers: np.ndarray, valid: np.ndarray, bounds: tuple[int, int], type_oid: int, typmod: int
+) -> None:
+    outside = valid & ((numbers < bounds[0]) | (numbers > bounds[1]))
+    if np.any(outside):
+        shown = [str(int(v)) for v in numbers[outside][:5]]
+        raise UnrepresentableValueError(type_oid, typmod, [f"binary value {v}" for v in shown])
+
+
+def _uuid_text(raw: bytes) -> str:
+    return str(uuid.UUID(bytes=raw))
+
+
+def _numeric_text(raw: bytes) -> str:
+    """numeric's send format (base-10000 digits, weight, sign, display scale) as its text form."""
+    ndigits, weight, sign, dscale = _NUMERIC_HEAD.unpack_from(raw)
+    if sign in _NUMERIC_SPECIAL:
+        return _NUMERIC_SPECIAL[sign]
+    digits = struct.unpack_from(f"!{ndigits}h", raw, _NUMERIC_HEAD.size)
+    text = "".join(f"{d:04d}" for d in digits)
+    point = (weight + 1) * 4  # decimal digits before the point
+    if point <= 0:
+        text, point = "0" * (-point) + text, 0
+    text = text.ljust(point, "0")
+    integer = text[:point].lstrip("0") or "0"
+    fraction = text[point:].ljust(dscale, "0")[:dscale]
+    number = integer + ("." + fraction if dscale > 0 else "")
+    return "-" + number if sign == 0x4000 else number
