@@ -34,9 +34,8 @@ $(JDBC_JAR):
 test: lint $(JDBC_JAR)
 	$(BIN)/python -m pytest
 
-demo: venv
-	@echo "make demo arrives with the micro-batch CDC pipeline (issue 5); nothing to run yet." >&2
-	@exit 2
+demo: venv $(JDBC_JAR)
+	$(BIN)/python -m airflow_provider_pglogical.demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
