@@ -209,51 +209,50 @@ def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str
     )
 
 
-_STREAM_START = struct.Struct("!cI")
+_STREAM_XID = struct.Struct("!cI")
+DECODER_PADDING = 16
 _STREAM_ABORT = struct.Struct("!cII")
 
 
 @dataclass(slots=True)
 class _Carry:
-    """Messages after the last safe cut of a chunk, decoded with the next chunk."""
+    """Messages after the last safe cut, decoded together with the next chunk."""
 
-    messages: list[bytes] = field(default_factory=list)
-    lsns: list[int] = field(default_factory=list)
+    parts: list[RawMessages] = field(default_factory=list)
     open_streams: set[int] = field(default_factory=set)
 
 
-def _whole_transactions(raw: RawMessages, carry: _Carry) -> tuple[list[bytes], list[int]]:
-    """Take the messages up to the last point where no transaction is open; keep the rest in ``carry``.
+def _whole_transactions(raw: RawMessages, carry: _Carry) -> RawMessages | None:
+    """The messages up to the last point where no transaction is open, padded for the decoder;
+    the rest stays in ``carry``. ``None`` when no such point was reached yet.
 
     A cut must follow a commit (``C``, or ``c`` for a streamed transaction) and leave no
     streamed transaction half-read, because the decoder drops what is undecided at the end
     of a call. Only the few control bytes are looked at one by one.
     """
-    messages = [raw.message(i) for i in range(len(raw))]
-    lsns = [int(x) for x in raw.lsns]
-    kinds = np.frombuffer(raw.buffer, dtype=np.uint8)[raw.offsets] if len(raw) else np.empty(0, np.uint8)
+    kinds = raw.kinds()
     control = np.flatnonzero(np.isin(kinds, (_COMMIT, _STREAM_COMMIT, ord("S"), ord("A"))))
     cut = -1
     for index in control.tolist():
         kind = kinds[index]
+        message = raw.message(index)
         if kind == ord("S"):
-            carry.open_streams.add(_STREAM_START.unpack_from(messages[index])[1])
+            carry.open_streams.add(_STREAM_XID.unpack_from(message)[1])
             continue
         if kind == ord("A"):
-            _, xid, subxid = _STREAM_ABORT.unpack_from(messages[index])
+            _, xid, subxid = _STREAM_ABORT.unpack_from(message)
             if xid == subxid:
                 carry.open_streams.discard(xid)
         elif kind == _STREAM_COMMIT:
-            carry.open_streams.discard(_STREAM_START.unpack_from(messages[index])[1])
+            carry.open_streams.discard(_STREAM_XID.unpack_from(message)[1])
         if not carry.open_streams:
             cut = index
     if cut < 0:
-        carry.messages += messages
-        carry.lsns += lsns
-        return [], []
-    ready, ready_lsns = carry.messages + messages[: cut + 1], carry.lsns + lsns[: cut + 1]
-    carry.messages, carry.lsns = messages[cut + 1 :], lsns[cut + 1 :]
-    return ready, ready_lsns
+        carry.parts.append(raw)
+        return None
+    ready = RawMessages.joined([*carry.parts, raw.select(0, cut + 1)], padding=DECODER_PADDING)
+    carry.parts = [raw.select(cut + 1, len(raw))] if cut + 1 < len(raw) else []
+    return ready
 
 
 class _Progress:
@@ -413,10 +412,10 @@ def _read_and_stage(
     last_end: Lsn | None = None
     transactions = 0
     for raw in _chunks(params, conn, settings, start, bound, result):
-        messages, lsns = _whole_transactions(raw, carry)
-        if not messages:
+        ready = _whole_transactions(raw, carry)
+        if ready is None:
             continue
-        decoded = decoder.decode(messages, lsns)
+        decoded = decoder.decode_buffer(ready.buffer, ready.offsets, ready.lengths, ready.lsns)
         for table in decoded.tables:
             stager.add(table)
         transactions += len(decoded.transactions)

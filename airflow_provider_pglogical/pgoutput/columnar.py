@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -65,6 +65,8 @@ from airflow_provider_pglogical.pgoutput.messages import (
 from airflow_provider_pglogical.pgoutput.relations import RelationCache
 
 _PAD = bytes(16)
+LsnArray = Sequence[int] | npt.NDArray[np.uint64]
+"""Message LSNs, only used to name the position in error reports."""
 _WINDOW = 1 << 30  # string_view offsets are int32: data buffers are 2 GiB windows every 1 GiB.
 _IS_DATA = np.zeros(256, dtype=np.bool_)
 _IS_DATA[[MessageType.INSERT, MessageType.UPDATE, MessageType.DELETE]] = True
@@ -319,7 +321,20 @@ class BatchDecoder:
         ``lsns`` (one per message, as returned next to each message by the peek function) only
         serves error reports.
         """
-        batch = _Batch(messages, lsns, self.protocol_version, self.relations)
+        lengths: Int64Array = np.fromiter(map(len, messages), dtype=np.int64, count=len(messages))
+        starts: Int64Array = np.cumsum(lengths) - lengths
+        return self.decode_buffer(b"".join(messages) + _PAD, starts, lengths, lsns)
+
+    def decode_buffer(
+        self, buffer: bytes, starts: Int64Array, lengths: Int64Array, lsns: LsnArray | None = None
+    ) -> DecodedBatch:
+        """Like :meth:`decode`, for messages already in one buffer (message ``i`` at
+        ``buffer[starts[i]:starts[i] + lengths[i]]``), as a binary COPY stream delivers them:
+        no per-message slicing or joining. ``buffer`` must extend at least 16 bytes past the
+        end of the last message (anything may fill them)."""
+        if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
+            raise ValueError("decode_buffer needs 16 bytes after the last message; pad the buffer")
+        batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations)
         plain = batch.plain_transactions()
         if plain is not None:
             rows, per_txn, logical_messages = plain
@@ -342,6 +357,28 @@ class BatchDecoder:
         )
 
 
+class _Slices(Sequence[bytes]):
+    """Message ``i`` of a buffer as bytes, sliced only when asked for (control messages, errors)."""
+
+    def __init__(self, buffer: bytes, starts: Int64Array, lengths: Int64Array) -> None:
+        self._buffer = buffer
+        self._starts = starts
+        self._lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
+    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        start = int(self._starts[index])
+        return self._buffer[start : start + int(self._lengths[index])]
+
+
 @dataclass(slots=True)
 class _Rows:
     """Committed data rows in commit order: message index, transaction ordinal, seq, generation."""
@@ -359,21 +396,24 @@ class _Batch:
 
     def __init__(
         self,
-        messages: Sequence[bytes],
-        lsns: Sequence[int] | None,
+        joined: bytes,
+        starts: Int64Array,
+        lengths: Int64Array,
+        lsns: LsnArray | None,
         protocol_version: int,
         relations: RelationCache,
     ) -> None:
-        self.messages = messages
+        """``joined`` holds message ``i`` at ``starts[i]:starts[i] + lengths[i]`` (gaps allowed)
+        and ends with at least 16 padding bytes, so fixed-width gathers never run off its end."""
+        self.messages = _Slices(joined, starts, lengths)
         self.lsns = lsns
         self.decoder = PgOutputDecoder(protocol_version, relations)
-        count = len(messages)
-        self.lengths: Int64Array = np.fromiter(map(len, messages), dtype=np.int64, count=count)
+        count = len(starts)
+        self.lengths: Int64Array = lengths
         if count and not self.lengths.all():
             self.fail_message(int(np.argmin(self.lengths)))
-        self.ends: Int64Array = np.cumsum(self.lengths)
-        self.starts: Int64Array = self.ends - self.lengths
-        joined = b"".join(messages) + _PAD
+        self.starts: Int64Array = starts
+        self.ends: Int64Array = starts + lengths
         self.buf: U8Array = np.frombuffer(joined, dtype=np.uint8)
         # Overlapping 16- and 4-byte windows at every offset: one gather reads a view or an int.
         self.views = np.ndarray(shape=(self.buf.size - 15,), dtype="V16", buffer=joined, strides=(1,))

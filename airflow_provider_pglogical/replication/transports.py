@@ -80,6 +80,47 @@ class RawMessages:
         start = int(self.offsets[index])
         return self.buffer[start : start + int(self.lengths[index])]
 
+    def select(self, start: int, stop: int) -> RawMessages:
+        """Messages ``start`` to ``stop - 1``, sharing this buffer."""
+        return RawMessages(
+            self.buffer, self.offsets[start:stop], self.lengths[start:stop], self.lsns[start:stop],
+            self.xids[start:stop],
+        )  # fmt: skip
+
+    def kinds(self) -> npt.NDArray[np.uint8]:
+        """The type byte of every message."""
+        if not len(self):
+            return np.empty(0, np.uint8)
+        return np.frombuffer(self.buffer, dtype=np.uint8)[self.offsets]
+
+    @classmethod
+    def joined(cls, parts: Sequence[RawMessages], padding: int = 0) -> RawMessages:
+        """One run over one buffer from several, copying only the byte regions the messages use,
+        with ``padding`` zero bytes after the last message (``parts`` must not be empty)."""
+        if len(parts) == 1 and len(parts[0]):
+            only = parts[0]
+            end = int(only.offsets[-1] + only.lengths[-1])
+            if end + padding <= len(only.buffer):
+                return only
+        regions: list[bytes] = []
+        offsets: list[npt.NDArray[np.int64]] = []
+        size = 0
+        for part in parts:
+            if not len(part):
+                continue
+            first, end = int(part.offsets[0]), int(part.offsets[-1] + part.lengths[-1])
+            regions.append(part.buffer[first:end])
+            offsets.append(part.offsets - first + size)
+            size += end - first
+        regions.append(bytes(padding))
+        return cls(
+            b"".join(regions),
+            np.concatenate(offsets) if offsets else np.empty(0, np.int64),
+            np.concatenate([p.lengths for p in parts]),
+            np.concatenate([p.lsns for p in parts]),
+            np.concatenate([p.xids for p in parts]),
+        )
+
     def __iter__(self) -> Iterator[tuple[Lsn, bytes]]:
         for index in range(len(self)):
             yield Lsn(int(self.lsns[index])), self.message(index)
