@@ -1,0 +1,138 @@
+"""The whole product: snapshot, CDC runs, crashes at the worst moments, and a lake equal to its source.
+
+Real PostgreSQL, real ``airflow dags test`` on the example DAGs, real ``spark-submit`` in local
+mode. The crashes are produced by running the pipeline's own steps partway, exactly as a
+killed worker leaves them: a batch applied to some tables only, and a batch applied but not
+acknowledged. The next scheduled run must converge, with every change in the changelog once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as sf
+
+from airflow_provider_pglogical.demo_shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.manifest import table_dir_name
+from airflow_provider_pglogical.replication import connect, describe_slot
+from airflow_provider_pglogical.spark import APPLY_JOB_PATH
+from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_pglogical.verify import compare_tables, format_report
+
+DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
+SLOT = "shop_cdc"
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
+
+
+@contextmanager
+def local_spark() -> Iterator[SparkSession]:
+    """A SparkSession for checking the lake, started only once the pipeline has run (JVMs are heavy)."""
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("pglogical-e2e-verify")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def spark_apply(manifest_uri: str, target: Path, tables: str = "") -> None:
+    """The apply job exactly as the operator submits it, optionally for some tables only."""
+    spark_submit = str(Path(sys.executable).with_name("spark-submit"))
+    args = [
+        spark_submit,
+        "--master",
+        "local[2]",
+        APPLY_JOB_PATH,
+        "--manifest",
+        manifest_uri,
+        "--target",
+        str(target),
+    ]
+    if tables:
+        args += ["--tables", tables]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.mark.timeout(1800)
+def test_snapshot_batches_and_crashes_end_equal(pg_cluster: PostgresCluster, tmp_path: Path) -> None:
+    pg_cluster.execute("CREATE DATABASE shop_e2e")
+    dsn = pg_cluster.dsn("shop_e2e")
+    shop = ShopWorkload(dsn, seed=11)
+    shop.create_schema()
+    shop.initial_load()
+    staging, target = tmp_path / "staging", tmp_path / "lake"
+    sandbox = AirflowSandbox(
+        tmp_path / "airflow",
+        DAGS,
+        connections={"shop": pg_cluster.uri("shop_e2e"), "spark_local": "spark://local%5B2%5D"},
+    )
+    conf = {
+        "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),
+        "target": str(target), "spark_conn_id": "spark_local",
+    }  # fmt: skip
+    sandbox.dags_test("pglogical_initial_snapshot", conf).check()
+
+    shop.step()
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+
+    # Crash 1: the apply dies after its first table (the others untouched, nothing acked).
+    shop.step()
+    batch = drain_batch(dsn, DrainSettings(SLOT, (PUBLICATION,), str(staging)))
+    assert len(batch.manifest.tables) > 2
+    spark_apply(batch.manifest_uri, target, tables=batch.manifest.tables[0].qualified)
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()  # reuses the batch, finishes it, acks
+
+    # Crash 2: applied everywhere, killed before the ack; more changes arrive meanwhile.
+    shop.step()
+    batch = drain_batch(dsn, DrainSettings(SLOT, (PUBLICATION,), str(staging)))
+    spark_apply(batch.manifest_uri, target)
+    conn = connect(dsn)
+    assert describe_slot(conn, SLOT).confirmed_flush_lsn == batch.manifest.start_lsn  # not acked
+    shop.step()
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()  # applies nothing twice, acks
+    assert describe_slot(conn, SLOT).confirmed_flush_lsn == batch.manifest.end_lsn
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()  # the changes that came meanwhile
+    conn.close()
+
+    with local_spark() as spark:
+        results = compare_tables(spark, dsn, [PUBLICATION], str(target))
+        assert all(r.equal for r in results), format_report(results)
+        assert {r.table for r in results} == set(TABLES)
+        assert_changelog_exactly_once(spark, staging, target)
+
+
+def assert_changelog_exactly_once(spark: SparkSession, staging: Path, target: Path) -> None:
+    """Every staged change is in the changelog exactly once, whatever the crashes repeated."""
+    batch_dirs = sorted(p for p in (staging / SLOT).iterdir() if p.name.startswith("batch-"))
+    assert len(batch_dirs) == 4
+    for qualified in TABLES:
+        schema, table = qualified.split(".")
+        staged = spark.read.option("mergeSchema", "true").parquet(
+            *[
+                str(d / table_dir_name(schema, table))
+                for d in batch_dirs
+                if (d / table_dir_name(schema, table)).exists()
+            ]
+        )
+        changelog = spark.read.option("mergeSchema", "true").parquet(
+            str(target / "_changelog" / table_dir_name(schema, table))
+        )
+        keys = ["_pgl_commit_lsn", "_pgl_seq"]
+        assert changelog.count() == staged.count(), qualified
+        assert changelog.groupBy(*keys).count().where(sf.col("count") > 1).count() == 0, qualified
