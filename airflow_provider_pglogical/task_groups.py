@@ -20,12 +20,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import TaskGroup
+from airflow.sdk import Param, TaskGroup
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
 from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
 from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+
+
+def pipeline_params(**extra: Param) -> dict[str, Param]:
+    """The DAG params every pglogical pipeline DAG takes, so one ``--conf`` drives them all."""
+    return {
+        "pglogical_conn_id": Param("pglogical_default", type="string"),
+        "publication": Param("pglogical_pub", type="string"),
+        "slot": Param("pglogical_slot", type="string"),
+        "staging": Param("/tmp/pglogical/staging", type="string"),
+        "target": Param("/tmp/pglogical/lake", type="string"),
+        "spark_conn_id": Param("spark_default", type="string"),
+        **extra,
+    }
 
 
 def cdc_microbatch_task_group(

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from airflow_provider_pglogical.task_groups import cdc_microbatch_task_group
+from airflow_provider_pglogical.task_groups import cdc_microbatch_task_group, pipeline_params
 
 with DAG(
     dag_id="pglogical_cdc_microbatch",
@@ -26,16 +26,10 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
-    params={
-        "pglogical_conn_id": Param("pglogical_default", type="string"),
-        "publication": Param("pglogical_pub", type="string"),
-        "slot": Param("pglogical_slot", type="string"),
-        "staging": Param("/tmp/pglogical/staging", type="string"),
-        "target": Param("/tmp/pglogical/lake", type="string"),
-        "spark_conn_id": Param("spark_default", type="string"),
-        "max_messages": Param(1_000_000, type="integer", minimum=1),
-        "min_lag_bytes": Param(0, type="integer", minimum=0),
-    },
+    params=pipeline_params(
+        max_messages=Param(1_000_000, type="integer", minimum=1),
+        min_lag_bytes=Param(0, type="integer", minimum=0),
+    ),
     tags=["pglogical", "cdc"],
     doc_md=__doc__,
 ) as dag:

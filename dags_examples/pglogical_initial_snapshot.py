@@ -18,6 +18,7 @@ from airflow.sdk import DAG, Param
 
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+from airflow_provider_pglogical.task_groups import pipeline_params
 
 with DAG(
     dag_id="pglogical_initial_snapshot",
@@ -25,15 +26,9 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    params={
-        "pglogical_conn_id": Param("pglogical_default", type="string"),
-        "publication": Param("pglogical_pub", type="string"),
-        "slot": Param("pglogical_slot", type="string"),
-        "staging": Param("/tmp/pglogical/staging", type="string"),
-        "target": Param("/tmp/pglogical/lake", type="string"),
-        "spark_conn_id": Param("spark_default", type="string"),
-        "tables": Param([], type="array", description="schema.table names; empty: every published table"),
-    },
+    params=pipeline_params(
+        tables=Param([], type="array", description="schema.table names; empty: every published table"),
+    ),
     render_template_as_native_obj=True,
     tags=["pglogical", "cdc", "snapshot"],
     doc_md=__doc__,
