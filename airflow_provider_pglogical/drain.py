@@ -21,7 +21,9 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -76,8 +78,8 @@ class DrainSettings:
         batches) or ``"stream"`` (``START_REPLICATION`` protocol 2 with ``streaming on``).
     :param max_messages: stop at the first commit after this many pgoutput messages.
     :param max_bytes: bound the WAL window read to this many bytes after the start.
-    :param binary: ask pgoutput for binary values where the type allows (off: text values,
-        which the type mapping expects).
+    :param chunk_bytes: the peek's COPY stream is decoded in pieces of about this size.
+    :param chunk_messages: the stream is decoded in pieces of about this many messages.
     """
 
     slot: str
@@ -86,7 +88,8 @@ class DrainSettings:
     transport: Transport = "peek"
     max_messages: int | None = 1_000_000
     max_bytes: int | None = None
-    chunk_bytes: int = 64 << 20
+    chunk_bytes: int = 8 << 20
+    chunk_messages: int = 100_000
     max_rows_per_batch: int = 65_536
     progress_seconds: float = 5.0
 
@@ -231,8 +234,15 @@ def _whole_transactions(raw: RawMessages, carry: _Carry) -> RawMessages | None:
     of a call. Only the few control bytes are looked at one by one.
     """
     kinds = raw.kinds()
-    control = np.flatnonzero(np.isin(kinds, (_COMMIT, _STREAM_COMMIT, ord("S"), ord("A"))))
+    streamed = np.flatnonzero(np.isin(kinds, (_STREAM_COMMIT, ord("S"), ord("A"))))
+    commits = np.flatnonzero(kinds == _COMMIT)
     cut = -1
+    if not len(streamed) and not carry.open_streams:
+        # No streamed transaction in sight (always so for the peek): cut after the last commit.
+        cut = int(commits[-1]) if len(commits) else -1
+        control = np.empty(0, np.int64)
+    else:
+        control = np.union1d(streamed, commits)
     for index in control.tolist():
         kind = kinds[index]
         message = raw.message(index)
@@ -392,12 +402,51 @@ def _chunks(
     repl = connect_replication(params)
     try:
         options = plugin_options(settings.publications, proto_version=2, streaming=True)
-        yield from StreamingTransport(repl).read(
+        yield from StreamingTransport(repl, chunk_messages=settings.chunk_messages).read(
             settings.slot, options, start_lsn=start, upto_lsn=bound, max_messages=settings.max_messages,
             result=result,
         )  # fmt: skip
     finally:
         repl.close()
+
+
+class _DecodeStage:
+    """Decodes and stages chunks on one worker thread, in order, while the caller reads the next.
+
+    Splitting the COPY stream into messages is a Python loop that holds the GIL; decoding and
+    Parquet writing spend most of their time in numpy, pyarrow and zlib, which release it, so
+    the two overlap. At most ``depth`` chunks wait, which bounds memory.
+    """
+
+    def __init__(self, decoder: BatchDecoder, stager: _Stager, progress: _Progress, depth: int = 2) -> None:
+        self.decoder = decoder
+        self.stager = stager
+        self.progress = progress
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drain-decode")
+        self.pending: deque[Future[None]] = deque()
+        self.depth = depth
+        self.transactions = 0
+        self.last_end: Lsn | None = None
+
+    def _run(self, ready: RawMessages) -> None:
+        decoded = self.decoder.decode_buffer(ready.buffer, ready.offsets, ready.lengths, ready.lsns)
+        for table in decoded.tables:
+            self.stager.add(table)
+        self.transactions += len(decoded.transactions)
+        self.last_end = decoded.end_lsn or self.last_end
+        self.progress.update(decoded)
+
+    def submit(self, ready: RawMessages) -> None:
+        while len(self.pending) >= self.depth:
+            self.pending.popleft().result()  # re-raises a decode or staging error here
+        self.pending.append(self.pool.submit(self._run, ready))
+
+    def finish(self) -> None:
+        try:
+            while self.pending:
+                self.pending.popleft().result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _read_and_stage(
@@ -406,21 +455,16 @@ def _read_and_stage(
     """Decode whole transactions chunk by chunk and stage them; returns the read result and last end LSN."""
     protocol = 1 if settings.transport == "peek" else 2
     decoder = BatchDecoder(protocol, max_rows=settings.max_rows_per_batch)
-    progress = _Progress(settings.slot, settings.progress_seconds)
+    stage = _DecodeStage(decoder, stager, _Progress(settings.slot, settings.progress_seconds))
     result = ReadResult()
     carry = _Carry()
-    last_end: Lsn | None = None
-    transactions = 0
-    for raw in _chunks(params, conn, settings, start, bound, result):
-        ready = _whole_transactions(raw, carry)
-        if ready is None:
-            continue
-        decoded = decoder.decode_buffer(ready.buffer, ready.offsets, ready.lengths, ready.lsns)
-        for table in decoded.tables:
-            stager.add(table)
-        transactions += len(decoded.transactions)
-        last_end = decoded.end_lsn or last_end
-        progress.update(decoded)
+    try:
+        for raw in _chunks(params, conn, settings, start, bound, result):
+            ready = _whole_transactions(raw, carry)
+            if ready is not None:
+                stage.submit(ready)
+    finally:
+        stage.finish()
     if carry.open_streams:
         # Streamed transactions that did not commit before the bound are read again next time.
         log.info(
@@ -428,5 +472,5 @@ def _read_and_stage(
             carry.open_streams,
             bound,
         )
-    result.extra["transactions"] = transactions
-    return result, last_end
+    result.extra["transactions"] = stage.transactions
+    return result, stage.last_end

@@ -188,3 +188,35 @@ def test_transactions_spanning_chunks_decode_the_same(
     assert pieces.manifest.end_lsn == whole.manifest.end_lsn
     assert pieces.manifest.stats.transactions == whole.manifest.stats.transactions == 5
     assert _staged(pieces)["public.items"].equals(_staged(whole)["public.items"])
+
+
+def test_streamed_in_progress_transaction_interleaved_with_others(tmp_path: Path) -> None:
+    # A tiny logical_decoding_work_mem makes the server stream the big transaction before it commits.
+    with PostgresCluster({"logical_decoding_work_mem": "64kB"}) as cluster:
+        cluster.execute(SCHEMA)
+        conn = connect(cluster.dsn())
+        create_slot(conn, "cdc")
+        big = connect(cluster.dsn(), autocommit=False)
+        with big.cursor() as cur:
+            cur.execute(
+                "INSERT INTO items (id, name) SELECT g, repeat('x', 200) FROM generate_series(1, 3000) g"
+            )
+            cluster.execute("INSERT INTO items (id, name) VALUES (-1, 'committed first')")
+            cur.execute("INSERT INTO items (id, name) SELECT g, 'y' FROM generate_series(3001, 4000) g")
+            cur.execute("SAVEPOINT s; INSERT INTO items (id) VALUES (99999); ROLLBACK TO SAVEPOINT s")
+        big.commit()
+        big.close()
+        cluster.execute("INSERT INTO items (id, name) VALUES (-2, 'committed last')")
+        results = {
+            name: drain_batch(cluster.dsn(), DrainSettings("cdc", ("pub",), str(tmp_path / name), **kwargs))
+            for name, kwargs in {
+                "peek": {},
+                "stream": {"transport": "stream", "chunk_messages": 300},
+            }.items()
+        }
+        conn.close()
+    ids = {name: _staged(result)["public.items"].column("id").to_pylist() for name, result in results.items()}
+    assert (
+        ids["stream"] == ids["peek"] == [-1, *range(1, 4001), -2]
+    )  # commit order; the aborted savepoint left no trace
+    assert results["stream"].manifest.stats.transactions == 3
