@@ -174,9 +174,11 @@ def describe_slot(conn: Any, name: str) -> SlotInfo:
         cur.execute(SLOTS_QUERY + " WHERE slot_name = %s", (name,))
         row = cur.fetchone()
     if row is None:
-        existing = [slot.slot_name for slot in list_slots(conn)]
+        database = conn.get_dsn_parameters().get("dbname")
+        existing = [slot.slot_name for slot in list_slots(conn, database=database)]
         raise SlotNotFoundError(
-            f"replication slot {name!r} does not exist (existing: {', '.join(existing) or 'none'}). "
+            f"replication slot {name!r} does not exist in database {database!r} "
+            f"(its slots: {', '.join(existing) or 'none'}). "
             "Create it with the initial snapshot, which exports the snapshot the copy needs."
         )
     return slot_info_from_row(row)

@@ -158,7 +158,7 @@ def test_bad_input_is_refused_with_specific_errors(
 ) -> None:
     cluster, db = source
     dsn = cluster.dsn(db)
-    with pytest.raises(SlotNotFoundError, match="existing: cdc"):
+    with pytest.raises(SlotNotFoundError, match="its slots: cdc"):
         drain_batch(dsn, DrainSettings("nope", ("pub",), str(tmp_path)))
     with pytest.raises(PublicationNotFoundError, match="missing_pub"):
         drain_batch(dsn, DrainSettings("cdc", ("missing_pub",), str(tmp_path)))

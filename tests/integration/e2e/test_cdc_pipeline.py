@@ -70,9 +70,10 @@ def spark_apply(manifest_uri: str, target: Path, tables: str = "") -> None:
 
 
 @pytest.mark.timeout(1800)
-def test_snapshot_batches_and_crashes_end_equal(pg_cluster: PostgresCluster, tmp_path: Path) -> None:
-    pg_cluster.execute("CREATE DATABASE shop_e2e")
-    dsn = pg_cluster.dsn("shop_e2e")
+def test_snapshot_batches_and_crashes_end_equal(
+    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.dsn(pg_dbname)
     shop = ShopWorkload(dsn, seed=11)
     shop.create_schema()
     shop.initial_load()
@@ -80,7 +81,7 @@ def test_snapshot_batches_and_crashes_end_equal(pg_cluster: PostgresCluster, tmp
     sandbox = AirflowSandbox(
         tmp_path / "airflow",
         DAGS,
-        connections={"shop": pg_cluster.uri("shop_e2e"), "spark_local": "spark://local%5B2%5D"},
+        connections={"shop": pg_cluster.uri(pg_dbname), "spark_local": "spark://local%5B2%5D"},
     )
     conf = {
         "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),

@@ -62,4 +62,9 @@ def test_hostile_slot_names_are_refused(pg_cluster: PostgresCluster, pg_dbname: 
     finally:
         conn.close()
     assert _victims_exist(pg_cluster, pg_dbname)
-    assert pg_cluster.execute("SELECT count(*) FROM pg_replication_slots", pg_dbname)[0][0] == 0
+    assert (
+        pg_cluster.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()", pg_dbname
+        )[0][0]
+        == 0
+    )

@@ -98,7 +98,7 @@ def test_lag_advance_and_drop(pg_cluster: PostgresCluster, pg_dsn: str, pg_dbnam
         assert drop_slot(conn, "cdc_slot") is False
         with pytest.raises(SlotNotFoundError, match=r"cdc_slot.*does not exist"):
             drop_slot(conn, "cdc_slot", if_exists=False)
-        with pytest.raises(SlotNotFoundError, match="existing: none"):
+        with pytest.raises(SlotNotFoundError, match="its slots: none"):
             describe_slot(conn, "cdc_slot")
     finally:
         conn.close()

@@ -43,7 +43,9 @@ def test_rows_before_the_slot_are_copied_rows_after_it_are_streamed(
     assert "changed" not in staged.column("note").to_pylist()
     # The stream from the slot holds exactly the later commits: 30 inserts, none of the first 500.
     assert peek_inserts(pg_cluster, db, "seam", "p") == 30
-    confirmed = pg_cluster.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots", db)[0][0]
+    confirmed = pg_cluster.execute(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'seam'", db
+    )[0][0]
     assert manifest.start_lsn == manifest.end_lsn == Lsn.parse(confirmed)
     assert manifest.snapshot_name
     assert Path(path) == tmp_path / "seam" / f"snapshot-{int(manifest.start_lsn):016X}" / "_manifest.json"
