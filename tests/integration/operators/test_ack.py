@@ -1,0 +1,64 @@
+"""The ack moves the slot only for a batch of its own slot that the ledger shows applied."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.operators.ack import (
+    BatchNotAppliedError,
+    ManifestSlotMismatchError,
+    PgLogicalAckOperator,
+)
+from airflow_provider_pglogical.replication import connect, create_slot, describe_slot
+from airflow_provider_pglogical.testing import PostgresCluster
+
+
+@pytest.fixture
+def source(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    pg_cluster.execute(
+        "CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE other (id int);CREATE PUBLICATION pub FOR TABLE t",
+        pg_dbname,
+    )
+    conn = connect(pg_cluster.dsn(pg_dbname))
+    create_slot(conn, "cdc")
+    create_slot(conn, "cdc_other")
+    conn.close()
+    monkeypatch.setenv("AIRFLOW_CONN_ACK_SRC", pg_cluster.uri(pg_dbname))
+    return pg_cluster.dsn(pg_dbname)
+
+
+def _ack(slot: str, manifest: str, target: Path) -> PgLogicalAckOperator:
+    return PgLogicalAckOperator(
+        task_id="ack", slot_name=slot, manifest=manifest, target=str(target), pglogical_conn_id="ack_src"
+    )
+
+
+def test_unapplied_batch_and_foreign_manifest_are_refused(
+    pg_cluster: PostgresCluster, pg_dbname: str, source: str, tmp_path: Path
+) -> None:
+    pg_cluster.execute("INSERT INTO t SELECT generate_series(1, 10)", pg_dbname)
+    batch = drain_batch(source, DrainSettings("cdc", ("pub",), str(tmp_path / "staging")))
+    conn = connect(source)
+    before = describe_slot(conn, "cdc").confirmed_flush_lsn
+    with pytest.raises(BatchNotAppliedError, match=r"public\.t.*Run \(or re-run\) the apply task"):
+        _ack("cdc", batch.manifest_uri, tmp_path / "lake").execute({})  # type: ignore[arg-type]
+    with pytest.raises(ManifestSlotMismatchError, match="belongs to slot 'cdc', not 'cdc_other'"):
+        _ack("cdc_other", batch.manifest_uri, tmp_path / "lake").execute({})  # type: ignore[arg-type]
+    assert describe_slot(conn, "cdc").confirmed_flush_lsn == before
+    conn.close()
+
+
+def test_empty_batch_is_acknowledged_without_a_ledger(
+    pg_cluster: PostgresCluster, pg_dbname: str, source: str, tmp_path: Path
+) -> None:
+    pg_cluster.execute("INSERT INTO other SELECT generate_series(1, 1000)", pg_dbname)
+    batch = drain_batch(source, DrainSettings("cdc", ("pub",), str(tmp_path / "staging")))
+    assert batch.manifest.tables == ()
+    result = _ack("cdc", batch.manifest_uri, tmp_path / "lake").execute({})  # type: ignore[arg-type]
+    conn = connect(source)
+    assert describe_slot(conn, "cdc").confirmed_flush_lsn == batch.manifest.end_lsn
+    conn.close()
+    assert result["confirmed_flush_lsn"] == str(batch.manifest.end_lsn)
