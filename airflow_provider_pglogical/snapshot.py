@@ -64,6 +64,7 @@ from airflow_provider_pglogical.replication import connect, connect_replication
 from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS, ConnParams
 from airflow_provider_pglogical.replication.publications import PublishedTable, published_tables
 from airflow_provider_pglogical.replication.slots import (
+    SNAPSHOT_HOLDER_OPTIONS,
     CreatedSlot,
     create_slot_with_snapshot,
     describe_slot,
@@ -96,9 +97,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The holder must outlive any idle_in_transaction_session_timeout (that timeout ends the idle
-# walsender and the snapshot with it); workers sit idle in their transaction between ranges.
-HOLDER_OPTIONS = "-c idle_in_transaction_session_timeout=0"
+# Workers sit idle in their transaction between ranges, like the holder (SNAPSHOT_HOLDER_OPTIONS).
 # row_security = off makes a policy fail the copy loudly instead of hiding rows from it.
 WORKER_OPTIONS = "-c idle_in_transaction_session_timeout=0 -c row_security=off -c client_encoding=UTF8"
 IMPORT_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -842,7 +841,7 @@ class SnapshotRun:
         # Fail on bad publications/tables before a slot exists; the snapshot re-reads them below.
         self._published(self._catalog)
         self._prepare_slot()
-        self._holder = connect_replication(self.conn_params, options=HOLDER_OPTIONS)
+        self._holder = connect_replication(self.conn_params, options=SNAPSHOT_HOLDER_OPTIONS)
         self._holder_pid = self._holder.get_backend_pid()
         self.created = create_slot_with_snapshot(self._holder, self.slot)
         log.info(

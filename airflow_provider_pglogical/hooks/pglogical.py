@@ -19,6 +19,7 @@ from airflow_provider_pglogical.replication import (
     TableSpec,
 )
 from airflow_provider_pglogical.replication.publications import published_tables
+from airflow_provider_pglogical.replication.slots import SNAPSHOT_HOLDER_OPTIONS
 from airflow_provider_pglogical.slot_health import SlotHealth, assess_slot, assess_slots
 
 
@@ -134,7 +135,7 @@ class PgLogicalHook(BaseHook):
         the caller, who closes it after the copy. ``idle_in_transaction_session_timeout``
         is turned off for it, because that timeout would otherwise end the holder mid-copy.
         """
-        repl_conn = self.get_replication_conn(options="-c idle_in_transaction_session_timeout=0")
+        repl_conn = self.get_replication_conn(options=SNAPSHOT_HOLDER_OPTIONS)
         try:
             return replication.create_slot_with_snapshot(repl_conn, name, temporary=temporary), repl_conn
         except BaseException:

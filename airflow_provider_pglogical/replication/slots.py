@@ -25,6 +25,9 @@ from airflow_provider_pglogical.errors import (
 from airflow_provider_pglogical.lsn import Lsn
 
 OUTPUT_PLUGIN = "pgoutput"
+SNAPSHOT_HOLDER_OPTIONS = "-c idle_in_transaction_session_timeout=0"
+"""libpq ``options`` for the connection that holds an exported snapshot: that timeout would end
+the idle walsender, and the snapshot with it, in the middle of a long copy."""
 _SLOT_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
