@@ -76,6 +76,8 @@ DEFAULT_ROWS_PER_RANGE = 250_000
 # A range is split once it holds this many times the target rows (inserts with growing keys land
 # in the last range, which would otherwise grow without bound and be rewritten by every batch).
 SPLIT_FACTOR = 2
+# Times one table is redone when another job publishes its state first.
+CONFLICT_ATTEMPTS = 5
 
 # Working columns; staged table columns never start with the reserved ``_pgl_`` prefix.
 RANGE = "_pgl_x_range"
@@ -98,6 +100,10 @@ class ApplyError(Exception):
 
 class SchemaConflictError(ApplyError):
     """A column's type changed in a way the target cannot hold."""
+
+
+class ConcurrentWriteError(ApplyError):
+    """Another job published the state version this job meant to write: redo the table from the new one."""
 
 
 # ---------------------------------------------------------------------------------------- LSNs
@@ -180,7 +186,7 @@ class Storage:
             try:
                 os.link(tmp, final)  # atomic and exclusive: exactly one of two racing writers wins
             except FileExistsError:
-                raise ApplyError(f"{path} already exists: another apply job is writing this table") from None
+                raise ConcurrentWriteError(f"{path} already exists: another job wrote this table") from None
             finally:
                 os.unlink(tmp)
             return
@@ -194,7 +200,7 @@ class Storage:
         if fs.exists(jfinal):
             if not replace:
                 fs.delete(jtmp, False)
-                raise ApplyError(f"{path} already exists: another apply job is writing this table")
+                raise ConcurrentWriteError(f"{path} already exists: another job wrote this table")
             fs.delete(jfinal, False)
         if not fs.rename(jtmp, jfinal):
             raise ApplyError(f"could not rename {tmp} to {path}")
@@ -747,11 +753,26 @@ def _place(
 def load_snapshot_table(
     spark: SparkSession, storage: Storage, manifest: Manifest, spec: TableSpec, target: str, rpr: int
 ) -> TableResult:
-    """Load (or re-load, replacing the table) one snapshot table; its base LSN is the consistent point."""
+    """Load (or re-load, replacing the table) one snapshot table; its base LSN is the consistent point.
+
+    A target never moves backwards: a snapshot at or below the table's base LSN (an old snapshot
+    loaded again, e.g. a cleared past run) is skipped. When batches were already applied past the
+    consistent point (a re-snapshot's copy ran while the CDC kept applying), the changes of those
+    batches at or above the consistent point are replayed from the table's changelog on top of
+    the snapshot, so the new state ends exactly where the old one was.
+    """
     started = time.monotonic()
     root = join_path(target, spec.name)
     previous = read_state(storage, root)
-    if previous is not None and previous.snapshot_id == manifest.batch_id:
+    snapshot_lsn = parse_lsn(manifest.end_lsn)
+    if previous is not None and (
+        previous.snapshot_id == manifest.batch_id or snapshot_lsn <= parse_lsn(previous.base_lsn)
+    ):
+        if previous.snapshot_id != manifest.batch_id:
+            log.warning(
+                "%s: snapshot %s is not newer than the table's base LSN %s: skipped (never load backwards)",
+                spec.name, manifest.batch_id, previous.base_lsn,
+            )  # fmt: skip
         return TableResult(spec.name, "skipped", ranges_total=len(previous.ranges))
     if spec.files:
         df = _read_parquet(spark, spec.name, [join_path(manifest.base_dir, f) for f in spec.files])
@@ -785,8 +806,73 @@ def load_snapshot_table(
         state.ranges, _ = _write_ranges(
             spark, [(df, True)], root, _version_dir(manifest), dtype, state, set(range(len(ranges))), rpr
         )
+    replayed = 0
+    if previous is not None and parse_lsn(previous.applied_end_lsn) > snapshot_lsn:
+        replayed = _catch_up(spark, storage, manifest, spec, target, state, previous, rpr)
     write_state(storage, root, state)
-    return TableResult(spec.name, "loaded", 0, rows, len(ranges), len(ranges), time.monotonic() - started)
+    rows = sum(r.rows for r in state.ranges)
+    # "changes": the logged changes replayed on top of the snapshot (0 unless batches were ahead).
+    return TableResult(
+        spec.name, "loaded", replayed, rows, len(ranges), len(state.ranges), time.monotonic() - started
+    )
+
+
+def _catch_up(
+    spark: SparkSession,
+    storage: Storage,
+    manifest: Manifest,
+    spec: TableSpec,
+    target: str,
+    state: TableState,
+    previous: TableState,
+    rpr: int,
+) -> int:
+    """Replay the changelog's changes in [consistent point, previous applied end) onto ``state``.
+
+    Every change the table received above its base LSN is in its changelog, once per applied
+    batch; changes at or above the previous applied end belong to batches not applied yet (a
+    crashed attempt's changelog), which their own apply brings later. Returns the changes replayed.
+    """
+    since, until = parse_lsn(manifest.end_lsn), parse_lsn(previous.applied_end_lsn)
+    paths = _changelog_paths(storage, target, spec.name, since)
+    if not paths:
+        return 0
+    logged = _read_parquet(spark, spec.name, paths)
+    changes = logged.where((sf.col(_C) >= since) & (sf.col(_C) < until)).localCheckpoint()
+    n_changes = changes.count()
+    log.info(
+        "%s: snapshot %s is older than the applied end %s: replaying %d logged change(s)",
+        spec.name, manifest.batch_id, previous.applied_end_lsn, n_changes,
+    )  # fmt: skip
+    if n_changes:
+        columns = [f for f in logged.schema.fields if not f.name.startswith("_pgl_")]
+        _merge_changes(
+            spark, join_path(target, spec.name), state, changes, columns, _version_dir(manifest), rpr
+        )
+    state.applied_end_lsn, state.applied_batch_id = previous.applied_end_lsn, previous.applied_batch_id
+    return n_changes
+
+
+def _changelog_paths(storage: Storage, target: str, table: str, since: int) -> list[str]:
+    """The changelog batch directories that can hold changes at or above ``since``.
+
+    Batch ids are ``batch-<start LSN as 16 hex digits>`` and a slot's batches do not overlap, so a
+    batch starting below ``since`` can hold such changes only if it is the last one starting there.
+    """
+    base = join_path(target, "_changelog", table)
+    starts: list[tuple[int, str]] = []
+    for name in storage.list_names(base):
+        if not name.startswith("batch_id="):
+            continue
+        batch_id = name[len("batch_id=") :]
+        digits = batch_id[len("batch-") :] if batch_id.startswith("batch-") else ""
+        try:
+            starts.append((int(digits, 16), name))
+        except ValueError:
+            starts.append((since, name))  # not a batch id this job names: keep it, the filter decides
+    earlier = [item for item in starts if item[0] < since]
+    keep = [item for item in starts if item[0] >= since] + ([max(earlier)] if earlier else [])
+    return [join_path(base, name) for _, name in sorted(keep)]
 
 
 def _new_table_state(spec: TableSpec, struct: StructType) -> TableState:
@@ -832,7 +918,9 @@ def apply_batch_table(
     Order: the changelog (at a path a re-run overwrites), then the new range files (in a fresh
     directory, unreferenced until the switch), then the new state version: a crash before the
     switch leaves the old table intact, after it the table is done and a re-run skips it (the
-    batch's end LSN is in its state).
+    batch's end LSN is in its state). Changes below the table's base LSN are already in its
+    snapshot and are skipped: a snapshot at consistent point S holds exactly the transactions
+    whose commit record starts below S (PostgreSQL decodes a commit at S or later, not earlier).
     """
     started = time.monotonic()
     root = join_path(target, spec.name)
@@ -848,15 +936,37 @@ def apply_batch_table(
     columns = [f for f in staged.schema.fields if not f.name.startswith("_pgl_")]
     if state is None:
         state = _new_table_state(spec, StructType(columns))
-    changes = staged.where(sf.col(_C) > parse_lsn(state.base_lsn)).localCheckpoint()
-    struct = evolve_schema(spec.name, state.struct, columns)
-    keys = [f.name for f in columns] if state.replica_identity in ("f", "n") else state.key_columns
+    changes = staged.where(sf.col(_C) >= parse_lsn(state.base_lsn)).localCheckpoint()
     n_changes = changes.count()
     changes.write.mode("overwrite").parquet(
         join_path(target, "_changelog", spec.name, f"batch_id={manifest.batch_id}")
     )
-
     log.info("%s: %d changes, changelog written (%.1f s)", spec.name, n_changes, time.monotonic() - started)
+    written = _merge_changes(spark, root, state, changes, columns, _version_dir(manifest), rpr)
+    state.applied_end_lsn, state.applied_batch_id = manifest.end_lsn, manifest.batch_id
+    write_state(storage, root, state)
+    rows = sum(r.rows for r in state.ranges)
+    return TableResult(
+        spec.name, "applied", n_changes, rows, written, len(state.ranges), time.monotonic() - started
+    )
+
+
+def _merge_changes(
+    spark: SparkSession,
+    root: str,
+    state: TableState,
+    changes: DataFrame,
+    columns: Sequence[StructField],
+    version_dir: str,
+    rpr: int,
+) -> int:
+    """Merge ordered changes into the ranges of ``state`` (updated in place, not yet published).
+
+    Only the ranges the changes touch are read and rewritten (all of them after a TRUNCATE), into
+    ``version_dir``; returns how many ranges were written.
+    """
+    struct = evolve_schema(f"{state.schema}.{state.table}", state.struct, columns)
+    keys = [f.name for f in columns] if state.replica_identity in ("f", "n") else state.key_columns
     truncate = _last_truncate(changes)
     live = changes if truncate is None else changes.where(_order_after(*truncate))
     events = build_events(live, columns, keys)
@@ -871,7 +981,9 @@ def apply_batch_table(
             .collect()
         }
     )
-    log.info("%s: rewriting %d of %d ranges", spec.name, len(touched_ranges), len(state.ranges))
+    log.info(
+        "%s.%s: rewriting %d of %d ranges", state.schema, state.table, len(touched_ranges), len(state.ranges)
+    )
     current = (
         spark.createDataFrame([], struct)
         if truncate is not None
@@ -896,21 +1008,9 @@ def apply_batch_table(
     )
     state.columns = struct.jsonValue()
     state.ranges, written = _write_ranges(
-        spark,
-        [(kept, False), (upserts, True)],
-        root,
-        _version_dir(manifest),
-        dtype,
-        state,
-        touched_ranges,
-        rpr,
+        spark, [(kept, False), (upserts, True)], root, version_dir, dtype, state, touched_ranges, rpr
     )
-    state.applied_end_lsn, state.applied_batch_id = manifest.end_lsn, manifest.batch_id
-    write_state(storage, root, state)
-    rows = sum(r.rows for r in state.ranges)
-    return TableResult(
-        spec.name, "applied", n_changes, rows, written, len(state.ranges), time.monotonic() - started
-    )
+    return written
 
 
 # ------------------------------------------------------------------------------------- ledger
@@ -972,12 +1072,24 @@ def apply_manifest(
         specs = [s for s in specs if f"{s.schema}.{s.table}" in wanted]
     done = {row["table"] for row in read_ledger(storage, target, manifest.slot, manifest.batch_id)}
     results = []
+    step = load_snapshot_table if manifest.kind == "snapshot" else apply_batch_table
     for spec in specs:
         if f"{spec.schema}.{spec.table}" in done:
             results.append(TableResult(spec.name, "skipped"))
             continue
-        step = load_snapshot_table if manifest.kind == "snapshot" else apply_batch_table
-        result = step(spark, storage, manifest, spec, target, rows_per_range)
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                result = step(spark, storage, manifest, spec, target, rows_per_range)
+                break
+            except ConcurrentWriteError as exc:
+                # Another job (a re-snapshot load, a racing retry) switched the table first: its
+                # state is the new truth, so redo this table from it (skipping what it holds).
+                if attempt == CONFLICT_ATTEMPTS:
+                    raise ConcurrentWriteError(
+                        f"{spec.name}: lost the race for its state {attempt} times ({exc}); run the "
+                        "CDC apply and re-snapshot loads of one target in one Airflow pool"
+                    ) from exc
+                log.warning("%s: %s; redoing it from the new state (attempt %d)", spec.name, exc, attempt + 1)
         log.info("%s %s: %s", manifest.batch_id, spec.name, result)
         results.append(result)
     write_ledger(storage, target, manifest, [s for s in specs if f"{s.schema}.{s.table}" not in done])

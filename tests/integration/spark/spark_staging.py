@@ -191,7 +191,7 @@ def model_apply(
 ) -> None:
     """Apply ``changes`` to ``table`` one at a time, in commit order, like the source did."""
     for c in sorted(changes, key=lambda c: (c.commit_lsn, c.seq)):
-        if c.commit_lsn <= base_lsn:
+        if c.commit_lsn < base_lsn:
             continue
         if c.op == "T":
             table.clear()
