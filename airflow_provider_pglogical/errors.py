@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# The example DAG that recreates a lost or dropped slot and reloads every table; the errors
+# that mean "this pipeline must be recovered" point to it.
+RECOVERY_DAG = "pglogical_recover_slot"
+
 
 class PgLogicalError(Exception):
     """Base of every error this package raises on purpose."""

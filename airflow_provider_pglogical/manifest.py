@@ -202,7 +202,9 @@ class Manifest:
 
     For a snapshot ``start_lsn == end_lsn ==`` the slot's consistent point and
     ``snapshot_name`` is the exported snapshot the copy read; for a batch they are the LSN
-    window and ``snapshot_name`` is ``None``.
+    window and ``snapshot_name`` is ``None``. ``snapshot_slot`` names the slot that exported
+    the snapshot: ``slot`` itself for an initial snapshot, a temporary slot for a re-snapshot
+    (whose ``slot`` is the pipeline's slot, the stream it continues).
     """
 
     kind: Kind
@@ -213,6 +215,7 @@ class Manifest:
     end_lsn: Lsn
     tables: tuple[TableManifest, ...]
     snapshot_name: str | None = None
+    snapshot_slot: str | None = None
     created_at: str = field(default_factory=_utc_now)
     stats: ManifestStats = field(default_factory=ManifestStats)
     format_version: int = FORMAT_VERSION
@@ -240,6 +243,7 @@ class Manifest:
         }
         if self.kind == "snapshot":
             data["snapshot_name"] = self.snapshot_name
+            data["snapshot_slot"] = self.snapshot_slot or self.slot
         data["created_at"] = self.created_at
         data["tables"] = [entry.to_dict() for entry in self.tables]
         data["stats"] = self.stats.to_dict()
@@ -273,6 +277,7 @@ class Manifest:
             end_lsn=end_lsn,
             tables=tuple(TableManifest.from_dict(t) for t in _require(data, "tables", where)),
             snapshot_name=data.get("snapshot_name"),
+            snapshot_slot=data.get("snapshot_slot"),
             created_at=str(_require(data, "created_at", where)),
             stats=ManifestStats.from_dict(data.get("stats") or {}),
             format_version=FORMAT_VERSION,

@@ -40,7 +40,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from airflow_provider_pglogical.errors import PgLogicalError, SlotLostError, SlotNotFoundError
+from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotLostError, SlotNotFoundError
 from airflow_provider_pglogical.replication.connection import libpq_arguments
 from airflow_provider_pglogical.replication.slots import (
     OUTPUT_PLUGIN,
@@ -363,11 +363,19 @@ def _assessment(
     slots = [slot_info_from_row(row) for row in (yield slots_query, (slot_name,) if slot_name else None)]
     if slot_name is not None and not slots:
         existing = [
-            row[0] for row in (yield "SELECT slot_name::text FROM pg_replication_slots ORDER BY 1", None)
+            row[0]
+            for row in (
+                yield (
+                    "SELECT slot_name::text FROM pg_replication_slots "
+                    "WHERE database = current_database() ORDER BY 1",
+                    None,
+                )
+            )
         ]
         raise SlotNotFoundError(
-            f"replication slot {slot_name!r} does not exist (existing: {', '.join(existing) or 'none'}). "
-            "If it was dropped, create a new slot with the initial snapshot (a re-snapshot)."
+            f"replication slot {slot_name!r} does not exist in this database (existing: "
+            f"{', '.join(existing) or 'none'}). If it was dropped, run the {RECOVERY_DAG} DAG: it creates "
+            "the slot again and reloads every published table."
         )
     (keep_size, current_database, checked_at), *_ = yield _CONTEXT_SQL, None
     stats = {row[0]: row for row in (yield _STATS_SQL, {"slot": slot_name})}
@@ -721,9 +729,10 @@ def wal_safety(health: SlotHealth, min_safe_wal_bytes: int | None = None) -> Wal
             f"replication slot {name!r} was invalidated (wal_status = lost): PostgreSQL removed WAL it still "
             f"needed (max_slot_wal_keep_size = {keep}), so the changes not yet drained (about {pending} "
             f"of WAL after its confirmed position {slot.confirmed_flush_lsn}) can no longer be read from it "
-            "and no drain from it can succeed. Recovery: drop the slot "
-            f"(SELECT pg_drop_replication_slot('{name}')), create a new slot with an exported snapshot and "
-            "re-snapshot every published table (the pglogical recovery DAG); then drain more often or raise "
+            f"and no drain from it can succeed. Recovery: trigger the {RECOVERY_DAG} DAG with this "
+            f"pipeline's params (airflow dags trigger {RECOVERY_DAG} --conf '{{\"slot\": "
+            f'"{name}", ...}}\'): it recreates the slot with an exported snapshot and reloads every '
+            "published table, so the targets are equal again. Then drain more often or raise "
             "max_slot_wal_keep_size so it does not happen again.",
         )
     advice = (

@@ -32,7 +32,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg2
 import psycopg2.errors
@@ -44,15 +44,18 @@ import pyarrow.parquet as pq
 from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import (
+    RECOVERY_DAG,
     PgLogicalError,
     PrivilegeError,
     PublicationEmptyError,
     SlotActiveError,
     SlotExistsError,
+    SlotLostError,
     SlotNotFoundError,
 )
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import (
+    MANIFEST_NAME,
     ColumnManifest,
     Manifest,
     ManifestStats,
@@ -83,6 +86,7 @@ __all__ = [
     "SPARK_PASSWORD_ENV",
     "ColumnPlan",
     "RowSecurityError",
+    "SlotMode",
     "SnapshotLostError",
     "SnapshotProgress",
     "SnapshotRun",
@@ -92,7 +96,9 @@ __all__ = [
     "decode_copy_text",
     "import_snapshot",
     "jdbc_connection",
+    "staged_snapshot",
     "take_snapshot",
+    "temporary_slot_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -108,6 +114,9 @@ DEFAULT_MIN_RANGE_BYTES = 16 * 1024 * 1024
 # COPY text per record batch (and Parquet row group): 2-4 MiB measured faster than 8 MiB here.
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 _PIPE_BUFFER = 1024 * 1024
+
+SlotMode = Literal["create", "temporary", "recover"]
+SLOT_MODES: tuple[SlotMode, ...] = ("create", "temporary", "recover")
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-F]+(-[0-9A-F]+)+$")
 SPARK_JOB_PATH = str(Path(__file__).with_name("spark") / "snapshot_jdbc.py")
 """The Spark copy engine's job file, for ``spark-submit``."""
@@ -746,6 +755,15 @@ def _typed_batches(
 # --- orchestration ----------------------------------------------------------------------------
 
 
+def temporary_slot_name(slot: str, backend_pid: int) -> str:
+    """A re-snapshot's temporary slot: the pipeline slot's name, ``_rs_`` and the holder's pid.
+
+    The pid keeps two re-snapshots of one pipeline apart; the name fits PostgreSQL's 63 bytes.
+    """
+    suffix = f"_rs_{backend_pid}"
+    return slot[: 63 - len(suffix)] + suffix
+
+
 class SnapshotRun:
     """One initial (or re-)snapshot of a slot: create the slot, plan, copy, write the manifest.
 
@@ -753,11 +771,23 @@ class SnapshotRun:
     the slot it created and the staged files, so a retry starts clean.
 
     :param conn_params: libpq DSN or keyword mapping (contains the password: never logged).
-    :param slot: the slot to create (it must not exist unless ``recreate_slot``).
+    ``slot_mode`` says where the snapshot comes from:
+
+    * ``"create"``: the initial snapshot; ``slot`` is created (it must not exist unless
+      ``recreate_slot``, which drops it first, losing its position);
+    * ``"temporary"``: a re-snapshot while the pipeline runs; ``slot`` is the pipeline's slot and
+      must exist and be healthy; it is not touched. A temporary slot, which PostgreSQL drops with
+      the connection, exports the snapshot. The manifest is staged under ``slot`` and the apply
+      job skips each table's changes below the new consistent point;
+    * ``"recover"``: the recovery of a lost slot; ``slot`` is created when it is missing or when
+      its WAL is lost (``wal_status = 'lost'``), and a healthy slot is refused.
+
+    :param slot: the pipeline's slot (see ``slot_mode``).
     :param publications: the publications whose tables are copied.
     :param staging: staging root (local path or URI).
     :param tables: a subset of the published tables (``schema.table``); all when None.
-    :param recreate_slot: drop an existing slot of that name first (losing its position).
+    :param slot_mode: ``"create"``, ``"temporary"`` or ``"recover"`` (see above).
+    :param recreate_slot: ``"create"`` only: drop an existing slot of that name first.
     :param progress_interval: seconds between progress log lines and holder checks.
     :param on_progress: called with :class:`SnapshotProgress` at each phase and interval.
     """
@@ -770,6 +800,7 @@ class SnapshotRun:
         staging: str,
         *,
         tables: Sequence[str] | None = None,
+        slot_mode: SlotMode = "create",
         recreate_slot: bool = False,
         parallelism: int = DEFAULT_PARALLELISM,
         range_bytes: int = DEFAULT_RANGE_BYTES,
@@ -779,11 +810,14 @@ class SnapshotRun:
     ) -> None:
         if not publications:
             raise ValueError("at least one publication is required")
+        if slot_mode not in SLOT_MODES:
+            raise ValueError(f"slot_mode must be one of {SLOT_MODES}, not {slot_mode!r}")
         self.conn_params = conn_params
         self.slot = validate_slot_name(slot)
         self.publications = tuple(publications)
         self.location = StagingLocation.resolve(staging)
         self.tables = tuple(tables) if tables else None
+        self.slot_mode = slot_mode
         self.recreate_slot = recreate_slot
         self.parallelism = max(1, parallelism)
         self.range_bytes = range_bytes
@@ -843,12 +877,16 @@ class SnapshotRun:
         self._prepare_slot()
         self._holder = connect_replication(self.conn_params, options=SNAPSHOT_HOLDER_OPTIONS)
         self._holder_pid = self._holder.get_backend_pid()
-        self.created = create_slot_with_snapshot(self._holder, self.slot)
+        temporary = self.slot_mode == "temporary"
+        exporter = temporary_slot_name(self.slot, self._holder_pid) if temporary else self.slot
+        self.created = create_slot_with_snapshot(self._holder, exporter, temporary=temporary)
         log.info(
-            "created slot %s at consistent point %s, exported snapshot %s",
-            self.slot, self.consistent_point, self.snapshot_name,
+            "created %sslot %s at consistent point %s, exported snapshot %s",
+            "temporary " if temporary else "", exporter, self.consistent_point, self.snapshot_name,
         )  # fmt: skip
-        self._discard_incomplete()
+        if not temporary:
+            # A re-snapshot may run beside another one: it removes only what it staged itself.
+            self._discard_incomplete()
         self.plan = self._plan()
         for plan in self.plan:
             for warning in plan.warnings:
@@ -873,7 +911,31 @@ class SnapshotRun:
     def _prepare_slot(self) -> None:
         try:
             existing = describe_slot(self._catalog, self.slot)
-        except SlotNotFoundError:
+        except SlotNotFoundError as exc:
+            if self.slot_mode == "temporary":
+                raise SlotNotFoundError(
+                    f"{exc} A re-snapshot continues an existing pipeline: recreate its slot and reload "
+                    f"every table with the {RECOVERY_DAG} DAG."
+                ) from None
+            return
+        if self.slot_mode == "temporary":
+            if existing.wal_status == "lost":
+                raise SlotLostError(
+                    f"replication slot {self.slot!r} has lost WAL it had not delivered (wal_status = "
+                    f"lost): re-snapshotting some tables cannot repair the others; run the {RECOVERY_DAG} "
+                    "DAG, which recreates the slot and reloads every table"
+                )
+            return
+        if self.slot_mode == "recover":
+            if existing.wal_status != "lost":
+                raise SlotExistsError(
+                    f"replication slot {self.slot!r} exists and is healthy (wal_status = "
+                    f"{existing.wal_status}, confirmed up to {existing.confirmed_flush_lsn}): there is "
+                    "nothing to recover. To reload tables while it runs, re-snapshot them "
+                    "(pglogical_backfill_tables)."
+                )
+            log.warning("slot %s lost its WAL: dropping it to recreate it and reload every table", self.slot)
+            drop_slot(self._catalog, self.slot)
             return
         if not self.recreate_slot:
             raise SlotExistsError(
@@ -1026,6 +1088,7 @@ class SnapshotRun:
             start_lsn=self.consistent_point,
             end_lsn=self.consistent_point,
             snapshot_name=self.snapshot_name,
+            snapshot_slot=self.created.slot_name if self.created else None,
             tables=tuple(copy.plan.manifest(copy.rows, copy.files) for copy in copies),
             stats=ManifestStats(bytes=sum(c.bytes for c in copies), seconds=round(seconds, 3)),
         )
@@ -1054,6 +1117,8 @@ class SnapshotRun:
             return
         with contextlib.suppress(Exception):
             self.location.delete_dir(self.batch_dir)
+        if self.slot_mode == "temporary":
+            return  # PostgreSQL dropped the temporary slot with its connection
         try:
             self._drop_created_slot()
         except Exception as exc:
@@ -1075,6 +1140,24 @@ class SnapshotRun:
                     time.sleep(0.2)
         finally:
             conn.close()
+
+
+def staged_snapshot(staging: str, slot: str) -> tuple[str, Manifest] | None:
+    """The newest complete snapshot that ``slot`` itself exported (not a re-snapshot), if staged.
+
+    Returns its manifest URI and manifest: what a re-run of an initial or recovery snapshot
+    hands to its load again when the slot already exists.
+    """
+    location = StagingLocation.resolve(staging)
+    for name, complete in sorted(location.list_batches(slot, prefix="snapshot-"), reverse=True):
+        if not complete:
+            continue
+        path = posixpath.join(location.batch_dir(slot, name), MANIFEST_NAME)
+        with location.filesystem.open_input_stream(path) as stream:
+            manifest = Manifest.from_json(stream.read())
+        if manifest.snapshot_slot in (None, slot):
+            return location.uri_of(path), manifest
+    return None
 
 
 def take_snapshot(

@@ -16,6 +16,7 @@ import psycopg2.errors
 from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import (
+    RECOVERY_DAG,
     SlotActiveError,
     SlotAdvanceError,
     SlotExistsError,
@@ -207,7 +208,7 @@ def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
     if slot.wal_status == "lost":
         raise SlotLostError(
             f"replication slot {name!r} was invalidated (wal_status = lost): the WAL it needed was removed. "
-            "Recover with a new slot and a re-snapshot of every table (the pglogical recovery DAG)."
+            f"Run the {RECOVERY_DAG} DAG: it recreates the slot and reloads every table."
         )
     if slot.confirmed_flush_lsn is not None and lsn <= slot.confirmed_flush_lsn:
         return slot.confirmed_flush_lsn
