@@ -31,6 +31,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_pglogical.operators.drain",
                     "airflow_provider_pglogical.operators.spark_apply",
                     "airflow_provider_pglogical.operators.ack",
+                    "airflow_provider_pglogical.operators.publication",
                 ],
             }
         ],

@@ -8,6 +8,17 @@
 * ``apply`` submits the Spark apply job for that batch (idempotent, skipped when the batch is empty);
 * ``ack`` advances the slot only once the target's ledger shows the batch applied.
 
+``resnapshot_task_group`` reloads tables of a running pipeline (backfills, added tables):
+
+    [publish] -> snapshot (temporary slot) -> load
+
+A target table has two writers then: the CDC ``apply`` and the re-snapshot ``load``. Each
+publishes a table's new state with an exclusive create of the next state version, and the loser
+of a race redoes the table from the winner's state (docs/FORMATS.md), so neither can undo the
+other. To keep them from even computing at once, give both groups the same one-slot Airflow
+``pool`` (``airflow pools set pglogical_<target> 1 "..."``); a pool that does not exist keeps
+its tasks from ever being scheduled, so create it first.
+
 Run the DAG with ``max_active_runs=1``: a slot has one consumer at a time (a second drain on an
 active slot is refused), and each run must start where the previous ack left the slot. A run
 that failed after its drain is simply run again (or the next run does it): the slot has not
@@ -25,6 +36,8 @@ from airflow.sdk import Param, TaskGroup
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
 from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
+from airflow_provider_pglogical.operators.publication import PgLogicalPublishTablesOperator
+from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
 
 
@@ -56,11 +69,13 @@ def cdc_microbatch_task_group(
     spark_conf: Mapping[str, Any] | None = None,
     spark_env_vars: Mapping[str, Any] | None = None,
     spark_binary: str | None = None,
+    pool: str | None = None,
 ) -> TaskGroup:
     """Build the group inside the current DAG context; every string argument may be a template.
 
     :param lag_sensor: keyword arguments of :class:`PgLogicalSlotLagSensor` (for example
         ``{"min_lag_bytes": 16 << 20, "mode": "reschedule"}``); ``None`` leaves the sensor out.
+    :param pool: Airflow pool of the ``apply`` task; share it with the target's re-snapshot loads.
     """
     with TaskGroup(group_id=group_id) as group:
         drain = PgLogicalDrainOperator(
@@ -81,6 +96,7 @@ def cdc_microbatch_task_group(
             conf=dict(spark_conf or {}),
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
+            **_pool(pool),
         )
         ack = PgLogicalAckOperator(
             task_id="ack",
@@ -98,3 +114,70 @@ def cdc_microbatch_task_group(
             )
             wait >> drain
     return group
+
+
+def resnapshot_task_group(
+    *,
+    slot: str,
+    publications: str | Sequence[str],
+    staging: str,
+    target: str,
+    tables: str | Sequence[str] = (),
+    publish: str | Sequence[str | Mapping[str, Any]] | None = None,
+    group_id: str = "pglogical_resnapshot",
+    pglogical_conn_id: str = PgLogicalHook.default_conn_name,
+    spark_conn_id: str = "spark_default",
+    spark_conf: Mapping[str, Any] | None = None,
+    spark_env_vars: Mapping[str, Any] | None = None,
+    spark_binary: str | None = None,
+    pool: str | None = None,
+) -> TaskGroup:
+    """Re-snapshot tables of a running pipeline from a temporary slot and load them; the slot is untouched.
+
+    Each loaded table's base LSN becomes the new consistent point: later batches skip its changes
+    below it, and batches the CDC applied past it meanwhile are replayed from the changelog.
+
+    :param tables: ``schema.table`` names to re-snapshot (a template rendering to a list, with
+        the DAG's ``render_template_as_native_obj=True``); empty: every published table.
+        Entries may also be ``publish`` objects (their ``table`` is used).
+    :param publish: tables to add to the first publication first (``"schema.table"`` or
+        ``{"table", "columns", "row_filter"}``); ``None`` leaves the task out. Include them in
+        ``tables`` too, or leave ``tables`` empty.
+    :param pool: Airflow pool of the ``load`` task; share it with the pipeline's CDC apply.
+    """
+    with TaskGroup(group_id=group_id) as group:
+        snapshot = PgLogicalSnapshotOperator(
+            task_id="snapshot",
+            slot_name=slot,
+            publications=publications,
+            staging=staging,
+            tables=tables,  # type: ignore[arg-type]
+            slot_mode="temporary",
+            pglogical_conn_id=pglogical_conn_id,
+        )
+        load = PgLogicalSparkApplyOperator(
+            task_id="load",
+            manifest=f"{{{{ ti.xcom_pull(task_ids='{snapshot.task_id}')['manifest'] }}}}",
+            target=target,
+            spark_conn_id=spark_conn_id,
+            conf=dict(spark_conf or {}),
+            env_vars=dict(spark_env_vars or {}),
+            spark_binary=spark_binary,
+            **_pool(pool),
+        )
+        snapshot >> load
+        if publish is not None:
+            first = publications if isinstance(publications, str) else publications[0]
+            add = PgLogicalPublishTablesOperator(
+                task_id="publish",
+                publication=first,
+                tables=publish,  # type: ignore[arg-type]
+                pglogical_conn_id=pglogical_conn_id,
+            )
+            add >> snapshot
+    return group
+
+
+def _pool(pool: str | None) -> dict[str, str]:
+    """``pool=`` only when one is named, so Airflow's default pool applies otherwise."""
+    return {"pool": pool} if pool else {}

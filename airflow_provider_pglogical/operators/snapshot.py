@@ -1,4 +1,4 @@
-"""``PgLogicalSnapshotOperator``: the initial snapshot of a CDC pipeline (slot + consistent copy)."""
+"""``PgLogicalSnapshotOperator``: a consistent copy of published tables: initial, re-snapshot or recovery."""
 
 from __future__ import annotations
 
@@ -7,22 +7,28 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from airflow.exceptions import AirflowSkipException
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pglogical.errors import SlotExistsError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.manifest import Manifest
+from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.snapshot import (
     DEFAULT_MIN_RANGE_BYTES,
     DEFAULT_PARALLELISM,
     DEFAULT_RANGE_BYTES,
+    SLOT_MODES,
     SPARK_JOB_PATH,
     SPARK_PASSWORD_ENV,
+    SlotMode,
     SnapshotRun,
     TableCopy,
     jdbc_connection,
+    staged_snapshot,
 )
 from airflow_provider_pglogical.staging import DEFAULT_MAX_FILE_BYTES
 
@@ -44,20 +50,32 @@ class PgLogicalSnapshotOperator(BaseOperator):
     through the Spark provider's ``SparkSubmitHook``: every JDBC partition imports the same
     snapshot. Both stage the same data and the same manifest.
 
+    ``slot_mode="temporary"`` re-snapshots tables of a running pipeline: a temporary slot exports
+    the snapshot and ``slot_name`` (the pipeline's slot) is untouched; the apply job then skips
+    each table's changes below the new consistent point. ``slot_mode="recover"`` recreates a slot
+    whose WAL was lost (or that was dropped) and copies every table again.
+
     On failure the slot this run created and its staged files are removed, so a retry starts
-    clean. An existing slot is refused (re-snapshots belong to the backfill), unless
-    ``recreate_slot`` is set. Returns (XCom) the manifest's URI and a small summary.
+    clean. A re-run of an initial or recovery snapshot whose slot exists (a cleared or retried
+    past run) creates nothing: while the slot has not moved past the snapshot that slot exported,
+    that staged snapshot is returned again, so its load resumes (a table already loaded is
+    skipped); once the pipeline has moved on, the task is skipped. ``recreate_slot`` instead
+    drops the slot and starts over. Returns (XCom) the manifest's URI and a small summary.
 
     :param slot_name: replication slot to create. (templated)
     :param publications: publication name or names whose tables are copied. (templated)
     :param staging: staging root: a local path or ``file://``, ``s3://``, ``gs://``, ``hdfs://`` URI.
         (templated)
-    :param tables: subset of the published tables (``schema.table``); all when empty. (templated)
+    :param tables: subset of the published tables (``schema.table``, or objects with a ``table``
+        key as :class:`PgLogicalPublishTablesOperator` takes them); all when empty. (templated)
     :param pglogical_conn_id: Airflow connection of the source database. (templated)
     :param copy_engine: ``"local"`` (default) or ``"spark"``.
     :param parallelism: local engine: worker connections (tables and ranges copied at once);
         Spark engine: ranges per large table are sized from it too.
-    :param recreate_slot: drop an existing slot of that name first; its unconsumed changes are lost.
+    :param slot_mode: ``"create"`` (initial snapshot), ``"temporary"`` (re-snapshot of a running
+        pipeline) or ``"recover"`` (recreate a lost slot and copy every table).
+    :param recreate_slot: ``"create"`` only: drop an existing slot of that name first; its
+        unconsumed changes are lost.
     :param max_file_bytes: local engine: size at which a Parquet part file is closed.
     :param range_bytes: largest ctid range of a table, in bytes of heap.
     :param min_range_bytes: smallest ctid range: tables smaller than this are read whole.
@@ -85,10 +103,11 @@ class PgLogicalSnapshotOperator(BaseOperator):
         slot_name: str,
         publications: str | Sequence[str],
         staging: str,
-        tables: Sequence[str] | None = None,
+        tables: Sequence[str | Mapping[str, Any]] | None = None,
         pglogical_conn_id: str = PgLogicalHook.default_conn_name,
         copy_engine: str = "local",
         parallelism: int = DEFAULT_PARALLELISM,
+        slot_mode: SlotMode = "create",
         recreate_slot: bool = False,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         range_bytes: int = DEFAULT_RANGE_BYTES,
@@ -108,6 +127,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
         self.pglogical_conn_id = pglogical_conn_id
         self.copy_engine = copy_engine
         self.parallelism = parallelism
+        self.slot_mode = slot_mode
         self.recreate_slot = recreate_slot
         self.max_file_bytes = max_file_bytes
         self.range_bytes = range_bytes
@@ -122,14 +142,48 @@ class PgLogicalSnapshotOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         if self.copy_engine not in COPY_ENGINES:
             raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, not {self.copy_engine!r}")
+        if self.slot_mode not in SLOT_MODES:
+            raise ValueError(f"slot_mode must be one of {SLOT_MODES}, not {self.slot_mode!r}")
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
         params = PgLogicalHook(self.pglogical_conn_id).connection_params()
+        try:
+            return self._snapshot(params, publications)
+        except SlotExistsError as exc:
+            if self.slot_mode == "temporary" or self.recreate_slot:
+                raise
+            return self._rerun(params, exc)
+
+    def _rerun(self, params: dict[str, Any], exc: SlotExistsError) -> dict[str, Any]:
+        """The slot exists: hand its own staged snapshot to the load again, or skip (see class doc)."""
+        staged = staged_snapshot(self.staging, self.slot_name)
+        if staged is None:
+            raise exc
+        uri, manifest = staged
+        conn = connect(params)
+        try:
+            confirmed = describe_slot(conn, self.slot_name).confirmed_flush_lsn
+        finally:
+            conn.close()
+        if confirmed is not None and confirmed > manifest.end_lsn:
+            raise AirflowSkipException(
+                f"slot {self.slot_name} exists and has consumed changes up to {confirmed}, past its "
+                f"snapshot {manifest.batch_id}: the pipeline runs from there, so this re-run has nothing to "
+                "do (to reload tables, re-snapshot them with pglogical_backfill_tables)"
+            )
+        self.log.warning(
+            "slot %s exists and has not moved past its staged snapshot %s: handing that snapshot to the "
+            "load again (tables already loaded are skipped)", self.slot_name, uri,
+        )  # fmt: skip
+        return summarize(uri, manifest)
+
+    def _snapshot(self, params: dict[str, Any], publications: list[str]) -> dict[str, Any]:
         with SnapshotRun(
             params,
             self.slot_name,
             publications,
             self.staging,
-            tables=self.tables or None,
+            tables=[t if isinstance(t, str) else t["table"] for t in self.tables or ()] or None,
+            slot_mode=self.slot_mode,
             recreate_slot=self.recreate_slot,
             parallelism=self.parallelism,
             range_bytes=self.range_bytes,

@@ -13,6 +13,7 @@ from airflow_provider_pglogical.replication.publications import (
     create_publication,
     describe_publications,
     drop_publication,
+    publish_tables,
 )
 from airflow_provider_pglogical.replication.slots import (
     CreatedSlot,
@@ -46,5 +47,6 @@ __all__ = [
     "drop_publication",
     "drop_slot",
     "list_slots",
+    "publish_tables",
     "slot_lag_bytes",
 ]

@@ -232,3 +232,48 @@ def published_tables(conn: Any, names: Sequence[str]) -> list[PublishedTable]:
         pubs = tuple(entry.publications[0] for entry in entries)
         result.append(PublishedTable(schema, name, entries[0].columns, row_filter, pubs))
     return result
+
+
+_MEMBER_SQL = """
+SELECT attnames::text[], rowfilter FROM pg_publication_tables
+WHERE pubname = %s AND schemaname = %s AND tablename = %s
+"""
+
+
+def publish_tables(conn: Any, publication: str, tables: Sequence[TableSpec]) -> list[str]:
+    """Make each table a member of ``publication`` with exactly its column list and row filter.
+
+    Idempotent, so a retried or cleared task changes nothing twice: a table already published
+    this way is left alone; a table published with another column list or filter is dropped
+    and re-added in the same transaction (subscribers see one change). Returns the tables whose
+    membership changed, which need a (re-)snapshot. ``conn`` must not be in autocommit mode.
+    The row filter is compared as PostgreSQL stores it, by applying it and reading it back.
+    """
+    if conn.autocommit:
+        raise ValueError("publish_tables needs a transaction: pass a connection with autocommit off")
+    info = describe_publications(conn, [publication])[0]
+    if info.all_tables:
+        raise PgLogicalError(
+            f"publication {publication!r} is FOR ALL TABLES: every table is already published; "
+            "re-snapshot the table instead of adding it"
+        )
+    changed = []
+    try:
+        with conn.cursor() as cur:
+            for spec in tables:
+                cur.execute(_MEMBER_SQL, (publication, spec.schema, spec.table))
+                before = cur.fetchone()
+                if before is not None:
+                    alter_publication(conn, publication, drop_tables=[spec])
+                alter_publication(conn, publication, add_tables=[spec])
+                cur.execute(_MEMBER_SQL, (publication, spec.schema, spec.table))
+                if cur.fetchone() != before:
+                    changed.append(spec.qualified)
+        if changed:
+            conn.commit()
+        else:
+            conn.rollback()
+    except BaseException:
+        conn.rollback()
+        raise
+    return changed

@@ -1,0 +1,52 @@
+"""Recover a pipeline whose slot is lost (``wal_status = lost``) or was dropped.
+
+The lag sensor and the drain fail on such a slot and point here. This DAG recreates the slot
+with an exported snapshot and reloads every published table at its new consistent point, so
+the targets are equal to the source again and the CDC DAG (``pglogical_cdc_microbatch``)
+continues from the new slot without manual steps::
+
+    airflow dags trigger pglogical_recover_slot --conf '{"slot": "shop_cdc", "publication": "shop",
+        "staging": "/data/staging", "target": "/data/lake", "pglogical_conn_id": "shop_db",
+        "spark_conn_id": "spark_local"}'
+
+A healthy slot is refused (reload tables of a running pipeline with ``pglogical_backfill_tables``).
+Pause the CDC DAG while this runs: its runs fail on the lost slot anyway. Re-running a finished
+recovery changes nothing: its snapshot is handed to the load again only while the new slot has
+not moved past it, and a table already loaded is skipped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
+from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+from airflow_provider_pglogical.task_groups import pipeline_params
+
+with DAG(
+    dag_id="pglogical_recover_slot",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params=pipeline_params(),
+    tags=["pglogical", "cdc", "snapshot", "recovery"],
+    doc_md=__doc__,
+) as dag:
+    snapshot = PgLogicalSnapshotOperator(
+        task_id="snapshot",
+        slot_name="{{ params.slot }}",
+        publications="{{ params.publication }}",
+        staging="{{ params.staging }}",
+        slot_mode="recover",
+        pglogical_conn_id="{{ params.pglogical_conn_id }}",
+    )
+    load = PgLogicalSparkApplyOperator(
+        task_id="load",
+        manifest="{{ ti.xcom_pull(task_ids='snapshot')['manifest'] }}",
+        target="{{ params.target }}",
+        spark_conn_id="{{ params.spark_conn_id }}",
+    )
+    snapshot >> load
