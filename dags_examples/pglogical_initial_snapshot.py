@@ -6,8 +6,10 @@ Run once per pipeline (the CDC DAG ``pglogical_cdc_microbatch`` continues exactl
         "staging": "/data/staging", "target": "/data/lake", "pglogical_conn_id": "shop_db",
         "spark_conn_id": "spark_local"}'
 
-The snapshot task refuses an existing slot (a re-snapshot is the backfill DAG's job) unless
-``recreate_slot`` is true, which drops the slot and everything it had not delivered yet.
+Re-running a run (cleared, retried) creates nothing: while the slot has not moved past the
+snapshot it exported, that staged snapshot goes to the load again (tables already loaded are
+skipped); once the CDC has moved on, the run is skipped. Reloading tables of a running pipeline
+is ``pglogical_backfill_tables``; a lost slot is ``pglogical_recover_slot``.
 """
 
 from __future__ import annotations
