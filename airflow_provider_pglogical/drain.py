@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from airflow_provider_pglogical.errors import PgLogicalError, SlotActiveError, SlotLostError
+from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotActiveError, SlotLostError
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import (
     ColumnManifest,
@@ -293,7 +293,8 @@ def _check_slot(conn: Any, settings: DrainSettings) -> Lsn:
     if slot.wal_status == "lost":
         raise SlotLostError(
             f"replication slot {settings.slot!r} was invalidated (wal_status = lost): the WAL it needed is "
-            "gone and changes were lost. Recover with a new slot and a re-snapshot of every table."
+            f"gone and changes were lost. Run the {RECOVERY_DAG} DAG: it recreates the slot and reloads "
+            "every table."
         )
     if slot.active:
         raise SlotActiveError(

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg2.errors
 from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import PgLogicalError, PublicationNotFoundError
@@ -269,6 +270,7 @@ def publish_tables(conn: Any, publication: str, tables: Sequence[TableSpec]) -> 
                 cur.execute(_MEMBER_SQL, (publication, spec.schema, spec.table))
                 if cur.fetchone() != before:
                     changed.append(spec.qualified)
+                    _probe_writes(cur, publication, spec, info.publish)
         if changed:
             conn.commit()
         else:
@@ -277,3 +279,38 @@ def publish_tables(conn: Any, publication: str, tables: Sequence[TableSpec]) -> 
         conn.rollback()
         raise
     return changed
+
+
+def _probe_writes(cur: Any, publication: str, spec: TableSpec, publish: Sequence[str]) -> None:
+    """Refuse a membership that would make the table's own UPDATEs or DELETEs fail.
+
+    PostgreSQL accepts a row filter or column list that the replica identity does not cover,
+    and then rejects every UPDATE or DELETE of the table: the application writing it breaks.
+    An ``UPDATE … WHERE false`` runs the same check without touching a row; it is rolled back
+    (with any statement trigger's effects) whatever happens.
+    """
+    table = sql.Identifier(spec.schema, spec.table)
+    cur.execute(
+        "SELECT attname::text FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum LIMIT 1",
+        (table.as_string(cur),),
+    )
+    column = sql.Identifier(cur.fetchone()[0])
+    probes = []
+    if "update" in publish:
+        probes.append(sql.SQL("UPDATE {} SET {} = {} WHERE false").format(table, column, column))
+    if "delete" in publish:
+        probes.append(sql.SQL("DELETE FROM {} WHERE false").format(table))
+    for probe in probes:
+        cur.execute("SAVEPOINT pglogical_probe")
+        try:
+            cur.execute(probe)
+        except psycopg2.errors.InvalidColumnReference as exc:
+            raise PgLogicalError(
+                f"publishing {spec.qualified} in {publication!r} with this row filter or column list would "
+                f"make every UPDATE and DELETE of the table fail ({str(exc.pgerror or exc).strip()}). Filter "
+                "only on replica identity columns and keep them in the column list, or change the table's "
+                "replica identity (ALTER TABLE … REPLICA IDENTITY USING INDEX …); nothing was changed."
+            ) from None
+        finally:
+            cur.execute("ROLLBACK TO SAVEPOINT pglogical_probe")

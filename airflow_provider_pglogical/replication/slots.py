@@ -183,7 +183,9 @@ def describe_slot(conn: Any, name: str) -> SlotInfo:
         raise SlotNotFoundError(
             f"replication slot {name!r} does not exist in database {database!r} "
             f"(its slots: {', '.join(existing) or 'none'}). "
-            "Create it with the initial snapshot, which exports the snapshot the copy needs."
+            "A new pipeline creates it with the initial snapshot (pglogical_initial_snapshot); if a "
+            f"running pipeline's slot was dropped, run the {RECOVERY_DAG} DAG, which recreates it and "
+            "reloads every table."
         )
     return slot_info_from_row(row)
 

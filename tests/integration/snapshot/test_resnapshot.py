@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
+import psycopg2.extensions
 import pytest
 from snapshot_helpers import staged_table
 
@@ -117,19 +118,31 @@ def test_snapshot_operator_rerun_resumes_then_skips(
             operator.execute({})  # type: ignore[arg-type]
 
 
-def test_publish_tables_is_idempotent_and_replaces_a_changed_filter(
+def test_publish_tables_is_idempotent_and_refuses_what_would_break_writes(
     pg_cluster: PostgresCluster, pg_dbname: str, pipeline: dict[str, Any]
 ) -> None:
-    pg_cluster.execute("CREATE TABLE refunds (id int PRIMARY KEY, amount int, reason text)", pg_dbname)
+    pg_cluster.execute(
+        "CREATE TABLE refunds (id int PRIMARY KEY, amount int NOT NULL, reason text);"
+        "CREATE UNIQUE INDEX refunds_identity ON refunds (id, amount);"
+        "INSERT INTO refunds VALUES (1, 5, 'a')",
+        pg_dbname,
+    )
+    spec = TableSpec("refunds", columns=("id", "amount"), row_filter="amount > 0")
     conn = connect(pipeline["dsn"], autocommit=False)
     try:
-        spec = TableSpec("refunds", columns=("id", "amount"), row_filter="amount > 0")
+        # amount is not in the replica identity (the primary key): PostgreSQL would accept the
+        # filter and then reject every UPDATE of refunds.
+        with pytest.raises(PgLogicalError, match="would make every UPDATE and DELETE of the table fail"):
+            publish_tables(conn, "pub", [spec])
+        assert not conn.closed and conn.status == psycopg2.extensions.STATUS_READY
+        pg_cluster.execute("ALTER TABLE refunds REPLICA IDENTITY USING INDEX refunds_identity", pg_dbname)
         assert publish_tables(conn, "pub", [spec]) == ["public.refunds"]
         assert publish_tables(conn, "pub", [spec, TableSpec("t")]) == []  # nothing changes twice
         wider = TableSpec("refunds", row_filter="amount >= 0")
         assert publish_tables(conn, "pub", [wider]) == ["public.refunds"]
     finally:
         conn.close()
+    pg_cluster.execute("UPDATE refunds SET reason = 'still writable', amount = 6", pg_dbname)
     rows = pg_cluster.execute(
         "SELECT tablename::text, attnames::text[], rowfilter FROM pg_publication_tables "
         "WHERE pubname = 'pub' ORDER BY 1",
