@@ -183,7 +183,8 @@ def test_missing_slot_fails_and_names_the_existing_ones(published: PublishedSlot
         task_id="lag", slot_name="no_such_slot", pglogical_conn_id=published.conn_id, min_lag_bytes=1
     )
     with pytest.raises(
-        SlotNotFoundError, match=rf"'no_such_slot' does not exist in this database \(existing: .*{published.slot}"
+        SlotNotFoundError,
+        match=rf"'no_such_slot' does not exist in this database \(existing: .*{published.slot}",
     ):
         missing.poke({})  # type: ignore[arg-type]
 
