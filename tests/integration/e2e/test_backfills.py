@@ -1,0 +1,242 @@
+"""Backfills while the CDC runs: re-snapshots, an added table, re-runs, a date-range backfill, a lost slot.
+
+One pipeline lives through all of it, on real PostgreSQL, real Airflow (``airflow dags test`` of
+the example DAGs, and a real scheduler for ``airflow backfill create``) and real ``spark-submit``
+in local mode; at the end every lake table must equal its source. Steps:
+
+1. a re-snapshot of two tables whose load comes only after the CDC applied a batch reaching past
+   its consistent point (the load must replay those changes from the changelog);
+2. a table added to the publication by the backfill DAG while a writer keeps changing it;
+3. a past CDC run cleared and run again: nothing may change;
+4. ``airflow backfill create`` of the CDC DAG over three intervals: the runs go in order;
+5. the slot invalidated for real (``max_slot_wal_keep_size``): the CDC run fails pointing to
+   the recovery DAG, which recreates the slot and reloads every table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from pyspark.sql import SparkSession
+
+from airflow_provider_pglogical.demo_shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.manifest import table_dir_name
+from airflow_provider_pglogical.snapshot import take_snapshot
+from airflow_provider_pglogical.spark import APPLY_JOB_PATH
+from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_pglogical.verify import compare_tables, format_report
+
+DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
+SLOT = "shop_backfill"
+REFUNDS = {"table": "public.refunds", "columns": ["id", "order_id", "amount"], "row_filter": "amount > 0"}
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
+
+
+def spark_apply(manifest_uri: str, target: Path) -> None:
+    """The apply job exactly as the operator submits it."""
+    spark_submit = str(Path(sys.executable).with_name("spark-submit"))
+    args = [
+        spark_submit,
+        "--master",
+        "local[2]",
+        APPLY_JOB_PATH,
+        "--manifest",
+        manifest_uri,
+        "--target",
+        str(target),
+    ]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def slot_state(pg: PostgresCluster, dbname: str) -> list[tuple[Any, ...]]:
+    """Every slot of the database with its positions (a temporary re-snapshot slot would show too)."""
+    return pg.execute(
+        "SELECT slot_name::text, temporary, restart_lsn::text, confirmed_flush_lsn::text, wal_status "
+        "FROM pg_replication_slots WHERE database = current_database() ORDER BY 1",
+        dbname,
+    )
+
+
+def table_state(target: Path, qualified: str) -> dict[str, Any]:
+    """The newest ``_state`` version of a lake table, as the Spark job wrote it."""
+    schema, table = qualified.split(".")
+    states = sorted((target / table_dir_name(schema, table) / "_state").glob("*.json"))
+    return dict(json.loads(states[-1].read_text()), file=states[-1].name)
+
+
+def lake_versions(target: Path) -> dict[str, str]:
+    """The current state file of every lake table: equal before and after means nothing was written."""
+    return {
+        path.parent.parent.name: sorted(path.parent.glob("*.json"))[-1].name
+        for path in target.glob("*/_state/*.json")
+    }
+
+
+def invalidate_slot(pg: PostgresCluster, dbname: str, shop: ShopWorkload) -> None:
+    """Make PostgreSQL invalidate the pipeline slot: a 1 MB WAL cap, segment switches, checkpoints."""
+    pg.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+    pg.execute("SELECT pg_reload_conf()")
+    try:
+        for _ in range(6):
+            shop.step()
+            pg.execute("SELECT pg_switch_wal()", dbname)
+            pg.execute("CHECKPOINT", dbname)
+            if [r[4] for r in slot_state(pg, dbname)] == ["lost"]:
+                return
+        raise AssertionError(f"the slot was not invalidated: {slot_state(pg, dbname)}")
+    finally:
+        pg.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        pg.execute("SELECT pg_reload_conf()")
+
+
+@contextmanager
+def writer(dsn: str) -> Iterator[None]:
+    """Keep changing refunds (in and out of its row filter) and orders until the block ends."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            conn = psycopg2.connect(dsn)
+            conn.autocommit = True
+            n = 0
+            with conn.cursor() as cur:
+                while not stop.is_set():
+                    n += 1
+                    cur.execute(
+                        "INSERT INTO refunds VALUES (%s, %s, %s, 'late'); "
+                        "UPDATE refunds SET amount = -amount WHERE id = %s; "
+                        "UPDATE orders SET notes = %s WHERE id = (SELECT min(id) FROM orders)",
+                        (10_000 + n, n, n % 50 - 10, n // 2 + 1, f"writer {n}"),
+                    )
+                    stop.wait(0.05)
+            conn.close()
+        except BaseException as exc:  # surfaced by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="writer")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+        assert not errors, errors
+
+
+@pytest.mark.timeout(2400)
+def test_backfills_while_cdc_runs_end_equal(
+    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.dsn(pg_dbname)
+    shop = ShopWorkload(dsn, seed=23)
+    shop.create_schema()
+    shop.initial_load()
+    pg_cluster.execute(
+        # Its row filter's column must be in the replica identity, or PostgreSQL rejects its updates.
+        "CREATE TABLE refunds (id bigint PRIMARY KEY, order_id bigint, amount int NOT NULL, reason text);"
+        "CREATE UNIQUE INDEX refunds_identity ON refunds (id, amount);"
+        "ALTER TABLE refunds REPLICA IDENTITY USING INDEX refunds_identity;"
+        "INSERT INTO refunds SELECT g, g, g % 40 - 10, 'early' FROM generate_series(1, 300) g;",
+        pg_dbname,
+    )
+    staging, target = tmp_path / "staging", tmp_path / "lake"
+    sandbox = AirflowSandbox(
+        tmp_path / "airflow",
+        DAGS,
+        connections={"shop": pg_cluster.uri(pg_dbname), "spark_local": "spark://local%5B2%5D"},
+    )
+    conf: dict[str, Any] = {
+        "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),
+        "target": str(target), "spark_conn_id": "spark_local",
+    }  # fmt: skip
+    sandbox.dags_test("pglogical_initial_snapshot", conf).check()
+    shop.step()
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+
+    # 1. Re-snapshot two tables; the CDC applies a batch reaching past the consistent point first.
+    before = slot_state(pg_cluster, pg_dbname)
+    path, resnap = take_snapshot(
+        dsn,
+        SLOT,
+        [PUBLICATION],
+        str(staging),
+        tables=["public.orders", "public.products"],
+        slot_mode="temporary",
+    )
+    assert slot_state(pg_cluster, pg_dbname) == before  # the pipeline slot is untouched
+    shop.step()
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    applied = table_state(target, "public.orders")
+    assert Lsn.parse(applied["applied_end_lsn"]) > resnap.end_lsn
+    spark_apply(path, target)
+    reloaded = table_state(target, "public.orders")
+    assert (
+        reloaded["base_lsn"] == str(resnap.end_lsn)
+        and reloaded["applied_end_lsn"] == applied["applied_end_lsn"]
+    )
+
+    # 2. Add refunds (columns and row filter) while a writer keeps changing it.
+    with writer(dsn):
+        run = sandbox.dags_test(
+            "pglogical_backfill_tables", {**conf, "tables": ["public.customers"], "add_tables": [REFUNDS]}
+        ).check()
+    assert "public.refunds" in run.output
+
+    # 3. airflow backfill create over past 15-minute intervals: a scheduler runs them in order.
+    shop.step()
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    with sandbox.services() as services:
+        result = services.backfill(
+            "pglogical_cdc_microbatch",
+            (now - timedelta(minutes=50)).isoformat(),
+            (now - timedelta(minutes=20)).isoformat(),
+            conf=conf,
+        ).check()
+        runs = sorted(result.runs, key=lambda r: r.logical_date or now)
+        assert len(runs) >= 2 and all(r.run_type == "backfill" for r in runs)
+        for earlier, later in itertools.pairwise(runs):
+            assert earlier.end_date and later.start_date and earlier.end_date <= later.start_date
+
+        # 4. Clearing a past run and running it again applies nothing twice and moves nothing back.
+        versions, (slot_before,) = lake_versions(target), slot_state(pg_cluster, pg_dbname)
+        services.rerun("pglogical_cdc_microbatch", runs[0].run_id).check()
+        (slot_after,) = slot_state(pg_cluster, pg_dbname)
+        assert lake_versions(target) == versions
+        assert Lsn.parse(slot_after[3]) >= Lsn.parse(slot_before[3])
+
+    # 5. Lose the slot for real; the CDC run fails pointing to the recovery DAG, which repairs all.
+    invalidate_slot(pg_cluster, pg_dbname, shop)
+    failed = sandbox.dags_test("pglogical_cdc_microbatch", conf)
+    assert failed.returncode != 0 and "pglogical_recover_slot" in failed.output, failed.output[-3000:]
+    sandbox.dags_test("pglogical_recover_slot", conf).check()
+    assert [(r[0], r[4]) for r in slot_state(pg_cluster, pg_dbname)] == [(SLOT, "reserved")]
+    shop.step()
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+
+    with (
+        SparkSession.builder.master("local[2]")
+        .appName("pglogical-backfill-verify")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate() as spark
+    ):
+        results = compare_tables(spark, dsn, [PUBLICATION], str(target))
+        assert all(r.equal for r in results), format_report(results)
+        assert {r.table for r in results} == {*TABLES, "public.refunds"}
