@@ -243,7 +243,8 @@ class Manifest:
         }
         if self.kind == "snapshot":
             data["snapshot_name"] = self.snapshot_name
-            data["snapshot_slot"] = self.snapshot_slot or self.slot
+            if self.snapshot_slot is not None:
+                data["snapshot_slot"] = self.snapshot_slot
         data["created_at"] = self.created_at
         data["tables"] = [entry.to_dict() for entry in self.tables]
         data["stats"] = self.stats.to_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -64,6 +65,9 @@ def test_snapshot_manifest_has_the_documented_shape_and_round_trips() -> None:
     }  # fmt: skip
     assert set(data["stats"]) == {"changes", "transactions", "bytes", "seconds"}
     assert Manifest.from_json(manifest.to_json()) == manifest
+    resnapshot = dataclasses.replace(manifest, snapshot_slot="s1_rs_4242")
+    assert json.loads(resnapshot.to_json())["snapshot_slot"] == "s1_rs_4242"
+    assert Manifest.from_json(resnapshot.to_json()) == resnapshot
 
 
 def test_batch_manifest_round_trips_without_snapshot_name() -> None:

@@ -208,7 +208,7 @@ def test_wal_safety_levels() -> None:
     assert "ALTER SYSTEM SET max_slot_wal_keep_size = '1GB'" in unreserved.message
     lost = wal_safety(health(wal_status="lost", keep=MB))
     assert lost.risk is WalRisk.LOST
-    assert "pg_drop_replication_slot('s1')" in lost.message and "re-snapshot" in lost.message
+    assert "airflow dags trigger pglogical_recover_slot" in lost.message and '"slot": "s1"' in lost.message
 
 
 def test_a_lost_slot_fails_even_when_the_threshold_is_met() -> None:
