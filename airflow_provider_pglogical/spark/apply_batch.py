@@ -203,6 +203,9 @@ class Storage:
                 raise ConcurrentWriteError(f"{path} already exists: another job wrote this table")
             fs.delete(jfinal, False)
         if not fs.rename(jtmp, jfinal):
+            if not replace and fs.exists(jfinal):  # another writer's version landed between check and rename
+                fs.delete(jtmp, False)
+                raise ConcurrentWriteError(f"{path} already exists: another job wrote this table")
             raise ApplyError(f"could not rename {tmp} to {path}")
 
     def list_names(self, path: str) -> list[str]:
@@ -834,6 +837,8 @@ def _catch_up(
     crashed attempt's changelog), which their own apply brings later. Returns the changes replayed.
     """
     since, until = parse_lsn(manifest.end_lsn), parse_lsn(previous.applied_end_lsn)
+    # The table stays where it was even when no batch left changes to replay.
+    state.applied_end_lsn, state.applied_batch_id = previous.applied_end_lsn, previous.applied_batch_id
     paths = _changelog_paths(storage, target, spec.name, since)
     if not paths:
         return 0
@@ -849,7 +854,6 @@ def _catch_up(
         _merge_changes(
             spark, join_path(target, spec.name), state, changes, columns, _version_dir(manifest), rpr
         )
-    state.applied_end_lsn, state.applied_batch_id = previous.applied_end_lsn, previous.applied_batch_id
     return n_changes
 
 

@@ -210,3 +210,12 @@ def model_apply(
 
 def rows_of(table: dict[tuple[Any, ...], Row], names: list[str]) -> list[tuple[Any, ...]]:
     return sorted((tuple(r.get(n) for n in names) for r in table.values()), key=repr)
+
+
+# The orders table most apply tests use: a key, a TOAST-sized payload, a decimal.
+ORDERS = TableDef(
+    "public",
+    "orders",
+    [("id", pa.int64()), ("name", pa.string()), ("payload", pa.string()), ("amount", pa.decimal128(10, 2))],
+    ["id"],
+)

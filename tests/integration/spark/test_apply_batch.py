@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 from spark_staging import (
+    ORDERS,
     Change,
     Part,
     Row,
@@ -32,12 +33,6 @@ from spark_staging import (
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH
 from airflow_provider_pglogical.spark import apply_batch as job
 
-ORDERS = TableDef(
-    "public",
-    "orders",
-    [("id", pa.int64()), ("name", pa.string()), ("payload", pa.string()), ("amount", pa.decimal128(10, 2))],
-    ["id"],
-)
 SNAP_LSN = 0x1000_0000
 
 
