@@ -676,6 +676,16 @@ def _read_parquet(spark: SparkSession, table: str, paths: list[str]) -> DataFram
         raise
 
 
+def _files_reaching(spark: SparkSession, paths: Sequence[str], base: int) -> list[str]:
+    """The staged files holding a change at or above ``base`` (only the commit LSN column is read)."""
+    live = []
+    for path in paths:
+        row = spark.read.parquet(path).agg(sf.max(_C)).first()
+        if row is not None and row[0] is not None and row[0] >= base:
+            live.append(path)
+    return live
+
+
 def _version_dir(manifest: Manifest) -> str:
     """A fresh data directory per attempt: a retry racing a stuck attempt never overwrites its files."""
     return f"data/{manifest.batch_id}-{uuid.uuid4().hex[:8]}"
@@ -936,7 +946,25 @@ def apply_batch_table(
             state.applied_end_lsn, state.applied_batch_id = manifest.end_lsn, manifest.batch_id
             write_state(storage, root, state)
         return TableResult(spec.name, "applied", ranges_total=len(state.ranges) if state else 0)
-    staged = _read_parquet(spark, spec.name, [join_path(manifest.base_dir, f) for f in spec.files])
+    paths = [join_path(manifest.base_dir, f) for f in spec.files]
+    try:
+        staged = _read_parquet(spark, spec.name, paths)
+    except SchemaConflictError:
+        # The conflicting relation version may hold only changes below the base LSN (a re-snapshot
+        # taken after the type change): those files are skipped anyway, so leave them out.
+        if state is None:
+            raise
+        live = _files_reaching(spark, paths, parse_lsn(state.base_lsn))
+        if len(live) == len(paths):
+            raise
+        log.info(
+            "%s: %d staged file(s) hold only changes below its base LSN", spec.name, len(paths) - len(live)
+        )
+        if not live:
+            state.applied_end_lsn, state.applied_batch_id = manifest.end_lsn, manifest.batch_id
+            write_state(storage, root, state)
+            return TableResult(spec.name, "applied", ranges_total=len(state.ranges))
+        staged = _read_parquet(spark, spec.name, live)
     columns = [f for f in staged.schema.fields if not f.name.startswith("_pgl_")]
     if state is None:
         state = _new_table_state(spec, StructType(columns))

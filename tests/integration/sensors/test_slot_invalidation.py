@@ -111,16 +111,16 @@ def test_invalidated_slot_fails_with_the_recovery_path(
     for sensor in (lag_sensor(tiny, min_lag_bytes=1), lag_sensor(tiny, min_lag_bytes=1, soft_fail=True)):
         with pytest.raises(SlotLostError, match="invalidated") as lost:
             sensor.execute({})  # type: ignore[arg-type]
-        assert "create a new slot" in str(lost.value) and "re-snapshot" in str(lost.value)
+        assert "airflow dags trigger pglogical_recover_slot" in str(lost.value)
 
     trigger = PgLogicalSlotLagTrigger(slot_name=tiny.slot, pglogical_conn_id=tiny.conn_id, min_lag_bytes=1)
     events = trigger.run()
     payload = asyncio.run(anext(events)).payload  # type: ignore[arg-type]
     assert payload["outcome"] == "lost"
     assert PASSWORD not in json.dumps(payload)
-    with pytest.raises(SlotLostError, match="re-snapshot"):
+    with pytest.raises(SlotLostError, match="pglogical_recover_slot"):
         lag_sensor(tiny, min_lag_bytes=1).execute_complete({}, payload)  # type: ignore[arg-type]
 
     code, out = run_lag_command(capsys, "--conn-id", tiny.conn_id, "--slot", tiny.slot)
     assert code == 1
-    assert "LOST" in out and "re-snapshot" in out
+    assert "LOST" in out and "pglogical_recover_slot" in out

@@ -354,3 +354,25 @@ def test_resnapshot_keeps_the_applied_end_of_a_table_without_changelog(
     state = job.read_state(job.Storage(spark), f"{target}/public.orders")
     assert state is not None
     assert (state.base_lsn, state.applied_end_lsn) == (lsn_text(s), lsn_text(e1))  # not moved back to s
+
+
+def test_a_type_change_below_the_base_does_not_block_the_batch(spark: SparkSession, tmp_path: Path) -> None:
+    """ALTER TYPE, then a re-snapshot, inside one batch: the old-typed part holds only skipped changes.
+
+    The job's own advice for a type change is to re-snapshot the table; the batch spanning both
+    must then apply, not fail on the old-typed file.
+    """
+    named = TableDef("public", "orders", [("id", pa.int64()), ("name", pa.string())], ["id"])
+    retyped = TableDef("public", "orders", [("id", pa.int64()), ("name", pa.int32())], ["id"])
+    stager, target = Stager(tmp_path / "staging"), str(tmp_path / "lake")
+    job.apply_manifest(spark, stager.snapshot(S0, [(named, [{"id": 1, "name": "a"}])]), target)
+    s = S0 + 2000
+    job.apply_manifest(spark, stager.snapshot(s, [(retyped, [{"id": 1, "name": 7}])]), target)
+    parts = [(named, [upd(S0 + 100, 0, id=1, name="b")]), (retyped, [upd(s + 100, 0, id=1, name=8)])]
+    job.apply_manifest(spark, stager.batch(S0, s + 1000, [(retyped, parts)]), target)
+    assert [tuple(r) for r in job.read_table(spark, target, "public", "orders").collect()] == [(1, 8)]
+    # Without the re-snapshot the same conflict is the user's to resolve, with the advice.
+    fresh = str(tmp_path / "lake2")
+    job.apply_manifest(spark, stager.snapshot(S0, [(named, [{"id": 1, "name": "a"}])]), fresh)
+    with pytest.raises(job.SchemaConflictError, match="re-snapshot the table"):
+        job.apply_manifest(spark, stager.batch(S0, s + 2000, [(retyped, parts)]), fresh)
