@@ -8,9 +8,11 @@
 * ``apply`` submits the Spark apply job for that batch (idempotent, skipped when the batch is empty);
 * ``ack`` advances the slot only once the target's ledger shows the batch applied.
 
-``resnapshot_task_group`` reloads tables of a running pipeline (backfills, added tables):
+``snapshot_task_group`` copies tables at one consistent point and loads them, for an initial
+snapshot (``slot_mode="create"``), a reload of tables of a running pipeline from a temporary slot
+(``"temporary"``: backfills, added tables) or the recovery of a lost slot (``"recover"``):
 
-    [publish] -> snapshot (temporary slot) -> load
+    [publish] -> snapshot -> load
 
 A target table has two writers then: the CDC ``apply`` and the re-snapshot ``load``. Each
 publishes a table's new state with an exclusive create of the next state version, and the loser
@@ -39,6 +41,7 @@ from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
 from airflow_provider_pglogical.operators.publication import PgLogicalPublishTablesOperator
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+from airflow_provider_pglogical.snapshot import SlotMode
 
 
 def pipeline_params(**extra: Param) -> dict[str, Param]:
@@ -116,15 +119,16 @@ def cdc_microbatch_task_group(
     return group
 
 
-def resnapshot_task_group(
+def snapshot_task_group(
     *,
+    slot_mode: SlotMode,
     slot: str,
     publications: str | Sequence[str],
     staging: str,
     target: str,
     tables: str | Sequence[str] = (),
     publish: str | Sequence[str | Mapping[str, Any]] | None = None,
-    group_id: str = "pglogical_resnapshot",
+    group_id: str = "pglogical_snapshot",
     pglogical_conn_id: str = PgLogicalHook.default_conn_name,
     spark_conn_id: str = "spark_default",
     spark_conf: Mapping[str, Any] | None = None,
@@ -132,10 +136,11 @@ def resnapshot_task_group(
     spark_binary: str | None = None,
     pool: str | None = None,
 ) -> TaskGroup:
-    """Re-snapshot tables of a running pipeline from a temporary slot and load them; the slot is untouched.
+    """Snapshot tables and load them; ``slot_mode`` as :class:`PgLogicalSnapshotOperator` takes it.
 
-    Each loaded table's base LSN becomes the new consistent point: later batches skip its changes
-    below it, and batches the CDC applied past it meanwhile are replayed from the changelog.
+    With ``"temporary"`` the pipeline's slot is untouched: each loaded table's base LSN becomes the
+    new consistent point, later batches skip its changes below it, and batches the CDC applied
+    past it meanwhile are replayed from the changelog.
 
     :param tables: ``schema.table`` names to re-snapshot (a template rendering to a list, with
         the DAG's ``render_template_as_native_obj=True``); empty: every published table.
@@ -152,7 +157,7 @@ def resnapshot_task_group(
             publications=publications,
             staging=staging,
             tables=tables,  # type: ignore[arg-type]
-            slot_mode="temporary",
+            slot_mode=slot_mode,
             pglogical_conn_id=pglogical_conn_id,
         )
         load = PgLogicalSparkApplyOperator(

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
-from airflow_provider_pglogical.task_groups import pipeline_params, resnapshot_task_group
+from airflow_provider_pglogical.task_groups import pipeline_params, snapshot_task_group
 
 with DAG(
     dag_id="pglogical_backfill_tables",
@@ -44,7 +44,9 @@ with DAG(
     tags=["pglogical", "cdc", "snapshot", "backfill"],
     doc_md=__doc__,
 ) as dag:
-    resnapshot_task_group(
+    snapshot_task_group(
+        slot_mode="temporary",
+        group_id="pglogical_resnapshot",
         slot="{{ params.slot }}",
         publications="{{ params.publication }}",
         staging="{{ params.staging }}",

@@ -18,9 +18,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
-from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
-from airflow_provider_pglogical.task_groups import pipeline_params
+from airflow_provider_pglogical.task_groups import pipeline_params, snapshot_task_group
 
 with DAG(
     dag_id="pglogical_initial_snapshot",
@@ -35,18 +33,13 @@ with DAG(
     tags=["pglogical", "cdc", "snapshot"],
     doc_md=__doc__,
 ) as dag:
-    snapshot = PgLogicalSnapshotOperator(
-        task_id="snapshot",
-        slot_name="{{ params.slot }}",
+    snapshot_task_group(
+        slot_mode="create",
+        slot="{{ params.slot }}",
         publications="{{ params.publication }}",
         staging="{{ params.staging }}",
+        target="{{ params.target }}",
         tables="{{ params.tables }}",
         pglogical_conn_id="{{ params.pglogical_conn_id }}",
-    )
-    load = PgLogicalSparkApplyOperator(
-        task_id="load",
-        manifest="{{ ti.xcom_pull(task_ids='snapshot')['manifest'] }}",
-        target="{{ params.target }}",
         spark_conn_id="{{ params.spark_conn_id }}",
     )
-    snapshot >> load

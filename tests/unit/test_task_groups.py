@@ -6,13 +6,15 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from airflow_provider_pglogical.task_groups import cdc_microbatch_task_group, resnapshot_task_group
+from airflow_provider_pglogical.task_groups import cdc_microbatch_task_group, snapshot_task_group
 
 
 def test_cdc_apply_and_resnapshot_load_share_one_pool() -> None:
     with DAG("shared_pool", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
         cdc_microbatch_task_group(slot="s", publications="p", staging="/st", target="/lake", pool="pgl_lake")
-        resnapshot_task_group(
+        snapshot_task_group(
+            slot_mode="temporary",
+            group_id="pglogical_resnapshot",
             slot="s",
             publications=["p", "q"],
             staging="/st",
@@ -31,6 +33,13 @@ def test_cdc_apply_and_resnapshot_load_share_one_pool() -> None:
 
 def test_without_a_pool_the_default_pool_applies() -> None:
     with DAG("no_pool", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
-        resnapshot_task_group(slot="s", publications="p", staging="/st", target="/lake")
+        snapshot_task_group(
+            slot_mode="temporary",
+            group_id="pglogical_resnapshot",
+            slot="s",
+            publications="p",
+            staging="/st",
+            target="/lake",
+        )
     assert dag.get_task("pglogical_resnapshot.load").pool == "default_pool"
     assert "pglogical_resnapshot.publish" not in dag.task_dict
