@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,13 +26,12 @@ from typing import Any
 
 import psycopg2
 import pytest
-from pyspark.sql import SparkSession
+from e2e_support import local_spark, spark_apply
 
 from airflow_provider_pglogical.demo_shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import table_dir_name
 from airflow_provider_pglogical.snapshot import take_snapshot
-from airflow_provider_pglogical.spark import APPLY_JOB_PATH
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 from airflow_provider_pglogical.verify import compare_tables, format_report
 
@@ -43,24 +39,6 @@ DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_backfill"
 REFUNDS = {"table": "public.refunds", "columns": ["id", "order_id", "amount"], "row_filter": "amount > 0"}
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
-
-
-def spark_apply(manifest_uri: str, target: Path) -> None:
-    """The apply job exactly as the operator submits it."""
-    spark_submit = str(Path(sys.executable).with_name("spark-submit"))
-    args = [
-        spark_submit,
-        "--master",
-        "local[2]",
-        APPLY_JOB_PATH,
-        "--manifest",
-        manifest_uri,
-        "--target",
-        str(target),
-    ]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
 
 
 def slot_state(pg: PostgresCluster, dbname: str) -> list[tuple[Any, ...]]:
@@ -229,14 +207,7 @@ def test_backfills_while_cdc_runs_end_equal(
     shop.step()
     sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
 
-    with (
-        SparkSession.builder.master("local[2]")
-        .appName("pglogical-backfill-verify")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate() as spark
-    ):
+    with local_spark() as spark:
         results = compare_tables(spark, dsn, [PUBLICATION], str(target))
         assert all(r.equal for r in results), format_report(results)
         assert {r.table for r in results} == {*TABLES, "public.refunds"}
