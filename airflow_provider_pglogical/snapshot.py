@@ -1152,11 +1152,10 @@ def staged_snapshot(staging: str, slot: str) -> tuple[str, Manifest] | None:
     for name, complete in sorted(location.list_batches(slot, prefix="snapshot-"), reverse=True):
         if not complete:
             continue
-        path = posixpath.join(location.batch_dir(slot, name), MANIFEST_NAME)
-        with location.filesystem.open_input_stream(path) as stream:
-            manifest = Manifest.from_json(stream.read())
+        batch_dir = location.batch_dir(slot, name)
+        manifest = location.read_manifest(batch_dir)
         if manifest.snapshot_slot in (None, slot):
-            return location.uri_of(path), manifest
+            return location.uri_of(posixpath.join(batch_dir, MANIFEST_NAME)), manifest
     return None
 
 

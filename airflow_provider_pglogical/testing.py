@@ -372,11 +372,17 @@ class AirflowSandbox:
         env.update(self.extra_env)
         return env
 
-    def airflow(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        """Run an ``airflow`` CLI command in the sandbox (stdout and stderr merged)."""
+    def airflow(
+        self, *args: str, timeout: float = 900, env: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run an ``airflow`` CLI command in the sandbox (stdout and stderr merged).
+
+        ``env`` replaces the sandbox environment (``AirflowServices`` adds its components' settings).
+        """
         airflow = str(Path(sys.executable).with_name("airflow"))
+        environment = dict(env) if env is not None else self.environment()
         return subprocess.run(
-            [airflow, *args], env=self.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [airflow, *args], env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, timeout=timeout,
         )  # fmt: skip
 
@@ -614,11 +620,7 @@ class AirflowServices:
 
     def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """Run an ``airflow`` CLI command with the components' environment (output merged)."""
-        airflow = str(Path(sys.executable).with_name("airflow"))
-        return subprocess.run(
-            [airflow, *args], env=self.environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, timeout=timeout,
-        )  # fmt: skip
+        return self.sandbox.airflow(*args, timeout=timeout, env=self.environment())
 
     def _check_cli(self, result: subprocess.CompletedProcess[str], what: str) -> None:
         if result.returncode != 0:
