@@ -30,7 +30,8 @@ class ManifestFormatError(PgLogicalError, ValueError):
     """A manifest's JSON does not follow format version 1 (missing key, wrong kind or version)."""
 
 
-def _encode_part(name: str) -> str:
+def encode_name_part(name: str) -> str:
+    """A schema or table name with `%`, `/` and `.` percent-encoded (staging directories, lake namespaces)."""
     return "".join(_ENCODED.get(ch, ch) for ch in name)
 
 
@@ -41,7 +42,7 @@ def _decode_part(text: str) -> str:
 
 def table_dir_name(schema: str, table: str) -> str:
     """``schema.table`` with ``/``, ``%`` and ``.`` percent-encoded in each part (``s.a%2Eb``)."""
-    return f"{_encode_part(schema)}.{_encode_part(table)}"
+    return f"{encode_name_part(schema)}.{encode_name_part(table)}"
 
 
 def parse_table_dir_name(name: str) -> tuple[str, str]:

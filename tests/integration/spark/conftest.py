@@ -1,14 +1,17 @@
-"""One in-process local Spark session for the apply job's tests (2 cores are shared: keep it small)."""
+"""One in-process local Spark session with Iceberg for the apply job's tests (2 cores: keep it small)."""
 
 from __future__ import annotations
 
-import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+
+from airflow_provider_pglogical.lake import LakeConfig, local_lake
+from airflow_provider_pglogical.spark.session import local_session, register_lake
 
 # --import-mode=importlib keeps test directories off sys.path; the tests here share spark_staging.py.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -16,18 +19,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("pglogical-apply-tests")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("pglogical-apply-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def lake_config(spark: SparkSession, tmp_path: Path) -> LakeConfig:
+    """A fresh SQLite-catalog lake per test, under its own catalog name in the shared session."""
+    root = tmp_path / "lake"
+    root.mkdir()
+    config = local_lake(str(root), catalog=f"lake_{uuid.uuid4().hex[:8]}")
+    register_lake(spark, config)
+    return config

@@ -1,0 +1,369 @@
+"""Iceberg tables through Spark's Iceberg runtime: every commit the apply job makes, in one place.
+
+Spark SQL does the data work (``MERGE INTO``, ``writeTo``); Iceberg's Java API, reached through
+py4j, does what SQL cannot say: commit properties on a ``MERGE`` (``CommitMetadata``, Iceberg's
+documented way), reading the snapshot history a table's pipeline state lives in, empty commits
+that record a batch with nothing to write, schema changes on names SQL would parse, and tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StructField,
+    StructType,
+)
+
+from airflow_provider_pglogical import lake
+from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.lake import LakeConfig, TableState
+from airflow_provider_pglogical.lsn import Lsn
+
+log = logging.getLogger("pglogical.apply")
+
+WRITE_MODES = ("merge-on-read", "copy-on-write")
+# Exceptions of a commit that lost to another writer (or whose outcome is unknown): the table's
+# state is read again and the work redone, which is safe because every step checks that state.
+_CONFLICTS = ("ValidationException", "CommitFailedException", "CommitStateUnknownException")
+_INTEGRAL = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
+_FLOATING = {FloatType: 4, DoubleType: 8}
+
+
+class ApplyError(PgLogicalError):
+    """A failure the user must act on; the job prints the message and exits with status 2."""
+
+
+class SchemaConflictError(ApplyError):
+    """A column's type changed in a way the lake table cannot hold."""
+
+
+class ConcurrentWriteError(ApplyError):
+    """Another writer committed the table first: redo the table from its new state."""
+
+
+class CatalogError(ApplyError):
+    """The Iceberg catalog cannot be reached or is not configured in this Spark session."""
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier part: backticks, with backticks inside doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is Iceberg's optimistic-concurrency failure (redo the table) rather than a bug."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(name in text for name in _CONFLICTS)
+
+
+def widened(table_type: DataType, staged: DataType) -> DataType | None:
+    """The type a lake column must take to hold ``staged`` values; None when it already can.
+
+    Raises :class:`ValueError` when no promotion Iceberg allows gets there (int to long, float to
+    double, a larger decimal precision with the same scale; smaller integers are upcast on write).
+    """
+    if table_type == staged:
+        return None
+    for family in (_INTEGRAL, _FLOATING):
+        if type(table_type) in family and type(staged) in family:
+            if family[type(staged)] <= family[type(table_type)]:
+                return None
+            return LongType() if family is _INTEGRAL else DoubleType()
+    if isinstance(table_type, DecimalType) and isinstance(staged, DecimalType):
+        if table_type.scale == staged.scale:
+            return None if staged.precision <= table_type.precision else staged
+    raise ValueError(f"{table_type.simpleString()} cannot hold {staged.simpleString()}")
+
+
+class _Call:
+    """A ``java.util.concurrent.Callable`` running a Python function (py4j callback)."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+        self.error: BaseException | None = None
+
+    def call(self) -> int:
+        try:
+            self.fn()
+        except BaseException as exc:  # re-raised on the Python side with its own type
+            self.error = exc
+        return 0
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+class IcebergTables:
+    """The lake's tables in one Spark session: names, state, schema, commits and tags."""
+
+    def __init__(self, spark: SparkSession, config: LakeConfig, write_mode: str = "merge-on-read") -> None:
+        if write_mode not in WRITE_MODES:
+            raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
+        self.spark = spark
+        self.config = config
+        self.write_mode = write_mode
+        self._jvm: Any = spark._jvm
+        self._check_catalog()
+
+    def _check_catalog(self) -> None:
+        name = self.config.catalog
+        if self.spark.conf.get(f"spark.sql.catalog.{name}", None) is None:
+            raise CatalogError(
+                f"Spark has no catalog {name!r}: pass the lake's catalog properties to spark-submit "
+                f"(spark.sql.catalog.{name}=org.apache.iceberg.spark.SparkCatalog and its type/uri/warehouse; "
+                "the apply operator adds them from its lake connection) and the Iceberg runtime jar"
+            )
+        try:
+            self.spark.sql(f"SHOW NAMESPACES IN {quote(name)}").collect()
+        except (PySparkException, Py4JJavaError) as exc:
+            raise CatalogError(
+                f"cannot reach Iceberg catalog {name!r} ({_first_line(exc)}): check its uri and credentials "
+                "and that the Iceberg runtime jar (and a JDBC driver for a JDBC catalog) is on spark.jars; "
+                "nothing was applied"
+            ) from exc
+
+    # ----------------------------------------------------------------------------------- names
+
+    def name(self, identifier: tuple[str, str]) -> str:
+        """``catalog.namespace.table`` quoted for Spark SQL."""
+        return ".".join(quote(part) for part in (self.config.catalog, *identifier))
+
+    def ensure_namespace(self, namespace: str) -> None:
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.config.catalog)}.{quote(namespace)}")
+
+    # ----------------------------------------------------------------------------------- state
+
+    def java_table(self, identifier: tuple[str, str]) -> Any | None:
+        """Iceberg's ``Table`` for ``identifier``, refreshed; None when it does not exist."""
+        try:
+            table = self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+                self.spark._jsparkSession, self.name(identifier)
+            )
+        except (PySparkException, Py4JJavaError) as exc:
+            if "NoSuchTableException" in str(exc) or "TABLE_OR_VIEW_NOT_FOUND" in str(exc):
+                return None
+            raise
+        table.refresh()
+        return table
+
+    @staticmethod
+    def history(table: Any) -> list[tuple[int, dict[str, str]]]:
+        """The main branch's snapshots, newest first, as (snapshot id, summary)."""
+        snapshots = []
+        snapshot = table.currentSnapshot()
+        while snapshot is not None:
+            snapshots.append((int(snapshot.snapshotId()), dict(snapshot.summary())))
+            parent = snapshot.parentId()
+            snapshot = table.snapshot(parent) if parent is not None else None
+        return snapshots
+
+    def state(self, table: Any | None) -> TableState | None:
+        return None if table is None else lake.state_of(self.history(table))
+
+    def schema(self, identifier: tuple[str, str]) -> StructType:
+        return self.spark.table(self.name(identifier)).schema
+
+    # ---------------------------------------------------------------------------------- schema
+
+    def table_properties(self, slot: str) -> dict[str, str]:
+        """Properties of a new lake table: format v2, the write mode, the owning slot."""
+        properties = {"format-version": "2", lake.OWNER_PROPERTY: slot}
+        for operation in ("merge", "update", "delete"):
+            properties[f"write.{operation}.mode"] = self.write_mode
+        return properties
+
+    def evolve(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> None:
+        """Add the batch's new columns and widen promoted ones before its data is merged.
+
+        A type the lake column cannot be promoted to stops the table with a message naming the
+        column and the fix: guessing a cast could lose data silently.
+        """
+        table = self.java_table(identifier)
+        current = {f.name: f.dataType for f in self.schema(identifier).fields}
+        update = table.updateSchema()
+        changed = False
+        for field in incoming:
+            if field.name not in current:
+                update = update.addColumn(None, field.name, self._iceberg_type(field.dataType))
+                changed = True
+                continue
+            try:
+                target = widened(current[field.name], field.dataType)
+            except ValueError as exc:
+                raise SchemaConflictError(
+                    f"table {self.name(identifier)}: column {field.name!r} changed type ({exc}), which Iceberg "
+                    "cannot promote; re-snapshot the table (pglogical_backfill_tables: the load replaces the "
+                    "column with the new type), or revert the type change. Nothing of this batch was applied."
+                ) from None
+            if target is not None:
+                update = update.updateColumn(field.name, self._iceberg_type(target))
+                changed = True
+        if changed:
+            update.commit()
+            log.info("%s: schema evolved for %s", self.name(identifier), [f.name for f in incoming])
+
+    def replace_column_types(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> None:
+        """For a snapshot load: columns whose type cannot be promoted are dropped and re-added.
+
+        The load overwrites every row right after, so the column's old values are not needed;
+        readers see the column empty between the two commits.
+        """
+        current = {f.name: f.dataType for f in self.schema(identifier).fields}
+        stale = []
+        for field in incoming:
+            if field.name in current:
+                try:
+                    widened(current[field.name], field.dataType)
+                except ValueError:
+                    stale.append(field.name)
+        if stale:
+            table = self.java_table(identifier)
+            update = table.updateSchema()
+            for name in stale:
+                update = update.deleteColumn(name)
+            update.commit()
+            log.warning(
+                "%s: columns %s changed type; reloaded with the new type", self.name(identifier), stale
+            )
+
+    def _iceberg_type(self, dtype: DataType) -> Any:
+        jtype = self.spark._jsparkSession.parseDataType(dtype.json())
+        return self._jvm.org.apache.iceberg.spark.SparkSchemaUtil.convert(jtype)
+
+    # --------------------------------------------------------------------------------- commits
+
+    def _commit_options(self, summary: Mapping[str, str]) -> dict[str, str]:
+        return {f"snapshot-property.{key}": value for key, value in summary.items()}
+
+    def create(
+        self, identifier: tuple[str, str], rows: DataFrame, summary: Mapping[str, str], slot: str
+    ) -> None:
+        """Create the table with its first rows in one commit (an atomic CREATE TABLE AS SELECT)."""
+        self.ensure_namespace(identifier[0])
+        writer = rows.writeTo(self.name(identifier)).using("iceberg").options(**self._commit_options(summary))
+        for key, value in self.table_properties(slot).items():
+            writer = writer.tableProperty(key, value)
+        writer.create()
+
+    def overwrite(
+        self,
+        identifier: tuple[str, str],
+        rows: DataFrame,
+        summary: Mapping[str, str],
+        read_snapshot: int | None,
+    ) -> None:
+        """Replace every row in one commit that fails if anyone committed since ``read_snapshot``."""
+        options = self._commit_options(summary)
+        options["isolation-level"] = "serializable"
+        if read_snapshot is not None:
+            options["validate-from-snapshot-id"] = str(read_snapshot)
+        rows.writeTo(self.name(identifier)).options(**options).overwrite(sf.lit(True))
+
+    def append(self, identifier: tuple[str, str], rows: DataFrame, summary: Mapping[str, str]) -> None:
+        """Append rows (the changelog), creating the table or adding new columns as needed."""
+        options = {**self._commit_options(summary), "mergeSchema": "true"}
+        if self.java_table(identifier) is None:
+            self.ensure_namespace(identifier[0])
+            rows.writeTo(self.name(identifier)).using("iceberg").tableProperty(
+                "format-version", "2"
+            ).tableProperty("write.spark.accept-any-schema", "true").options(**options).create()
+        else:
+            rows.writeTo(self.name(identifier)).options(**options).append()
+
+    def merge(self, sql: str, summary: Mapping[str, str]) -> None:
+        """Run a ``MERGE INTO`` whose commit carries ``summary`` in its snapshot (CommitMetadata)."""
+        props = self._jvm.java.util.HashMap()
+        for key, value in summary.items():
+            props.put(key, value)
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        ensure_callback_server_started(self.spark.sparkContext._gateway)
+        call = _Call(lambda: self.spark.sql(sql))
+        error_class = self._jvm.java.lang.Class.forName("java.lang.RuntimeException")
+        self._jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, call, error_class)
+        if call.error is not None:
+            raise call.error
+
+    def record(self, table: Any, summary: Mapping[str, str]) -> None:
+        """An empty commit carrying ``summary``: a batch with nothing to write still moves the state.
+
+        It fails like a data commit if anyone committed data since ``table`` was read (a racing
+        load would otherwise have its base LSN overwritten by this older view).
+        """
+        current = table.currentSnapshot()
+        expressions = self._jvm.org.apache.iceberg.expressions.Expressions
+        commit = table.newOverwrite().conflictDetectionFilter(expressions.alwaysTrue())
+        if current is not None:
+            commit = commit.validateFromSnapshot(current.snapshotId())
+        commit = commit.validateNoConflictingData().validateNoConflictingDeletes()
+        for key, value in summary.items():
+            commit = commit.set(key, value)
+        commit.commit()
+
+    # ------------------------------------------------------------------------------------ tags
+
+    def owned_tables(self, slot: str) -> list[tuple[str, str]]:
+        """Every data table of the lake that ``slot``'s pipeline owns (table property)."""
+        prefix = lake.encode_name_part(self.config.namespace_prefix)
+        owned = []
+        for (namespace,) in self.spark.sql(f"SHOW NAMESPACES IN {quote(self.config.catalog)}").collect():
+            if not namespace.startswith(prefix):
+                continue
+            for row in self.spark.sql(
+                f"SHOW TABLES IN {quote(self.config.catalog)}.{quote(namespace)}"
+            ).collect():
+                if row.tableName.endswith(lake.CHANGELOG_SUFFIX):
+                    continue
+                table = self.java_table((namespace, row.tableName))
+                if table is not None and table.properties().get(lake.OWNER_PROPERTY) == slot:
+                    owned.append((namespace, row.tableName))
+        return owned
+
+    def tag_cut(self, slot: str, end_lsn: Lsn) -> int:
+        """Tag every owned table at its snapshot as of ``end_lsn``; returns the tags created.
+
+        Idempotent: an existing tag is kept. A table with no pipeline commit by then is left out.
+        """
+        name = lake.tag_name(end_lsn)
+        created = 0
+        for identifier in self.owned_tables(slot):
+            table = self.java_table(identifier)
+            if table.refs().containsKey(name):
+                continue
+            snapshot_id = lake.snapshot_at(self.history(table), end_lsn)
+            if snapshot_id is None:
+                continue
+            table.manageSnapshots().createTag(name, snapshot_id).commit()
+            created += 1
+        return created
+
+
+def temp_view(df: DataFrame) -> str:
+    """Register ``df`` under a fresh temporary view name."""
+    name = f"pgl_src_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(name)
+    return name
+
+
+def _first_line(exc: BaseException) -> str:
+    """The root cause of a (Java) exception in one line: its last ``Caused by``, else its first line."""
+    lines = str(exc).strip().splitlines()
+    causes = [line.split("Caused by:", 1)[1].strip() for line in lines if "Caused by:" in line]
+    text = causes[-1] if causes else (lines[0] if lines else type(exc).__name__)
+    return text[:300]
