@@ -8,11 +8,16 @@ export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
-# Debian's PostgreSQL JDBC driver, for the Spark copy engine (spark.jars).
-JDBC_JAR := /usr/share/java/postgresql.jar
+# Debian's JDBC drivers (PostgreSQL for the Spark copy engine and a PostgreSQL-backed catalog, SQLite
+# for the local Iceberg catalog) and jarjar, which re-shades Jackson for the Iceberg runtime.
+DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar
+ICEBERG_DIR := $(VENV)/iceberg-jars
+ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar
+# What local Spark loads for the lake (airflow_provider_pglogical.spark.local_jars reads it).
+export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lint test demo clean
+.PHONY: venv lake-jars lint test demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,19 +27,26 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(DEBIAN_JARS):
+	$(SUDO) apt-get update -qq
+	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libjarjar-java libasm-java
+
+$(ICEBERG_DIR)/.built: $(STAMP) $(DEBIAN_JARS) tools/iceberg_jars.sh
+	tools/iceberg_jars.sh $(BIN)/pip $$($(BIN)/python -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') $(ICEBERG_DIR)
+	touch $@
+
+lake-jars: $(ICEBERG_DIR)/.built
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-$(JDBC_JAR):
-	$(SUDO) apt-get update -qq
-	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libpostgresql-jdbc-java
-
-test: lint $(JDBC_JAR)
+test: lint lake-jars
 	$(BIN)/python -m pytest
 
-demo: venv $(JDBC_JAR)
+demo: venv lake-jars
 	$(BIN)/python -m airflow_provider_pglogical.demo
 
 clean:

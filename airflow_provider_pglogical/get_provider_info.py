@@ -20,9 +20,17 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "pglogical",
                 "hook-class-name": "airflow_provider_pglogical.hooks.pglogical.PgLogicalHook",
                 "hook-name": "PostgreSQL logical replication",
-            }
+            },
+            {
+                "connection-type": "pglogical_lake",
+                "hook-class-name": "airflow_provider_pglogical.hooks.lake.PgLogicalLakeHook",
+                "hook-name": "Iceberg lake (pglogical)",
+            },
         ],
-        "hook-class-names": ["airflow_provider_pglogical.hooks.pglogical.PgLogicalHook"],
+        "hook-class-names": [
+            "airflow_provider_pglogical.hooks.pglogical.PgLogicalHook",
+            "airflow_provider_pglogical.hooks.lake.PgLogicalLakeHook",
+        ],
         "operators": [
             {
                 "integration-name": "PostgreSQL logical replication",
@@ -32,6 +40,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_pglogical.operators.spark_apply",
                     "airflow_provider_pglogical.operators.ack",
                     "airflow_provider_pglogical.operators.publication",
+                    "airflow_provider_pglogical.operators.maintenance",
                 ],
             }
         ],

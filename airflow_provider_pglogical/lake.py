@@ -231,5 +231,9 @@ def local_lake(root: str, catalog: str = "lake") -> LakeConfig:
     ``<root>/warehouse``; what the demo and the tests use (Spark needs Debian's sqlite-jdbc jar)."""
     return LakeConfig(
         catalog=catalog,
-        properties={"type": "jdbc", "uri": f"jdbc:sqlite:{root}/catalog.db", "warehouse": f"{root}/warehouse"},
+        properties={
+            "type": "jdbc",
+            "uri": f"jdbc:sqlite:{root}/catalog.db",
+            "warehouse": f"{root}/warehouse",
+        },
     )

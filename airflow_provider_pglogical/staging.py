@@ -205,3 +205,13 @@ class PartFileWriter:
             self._writer.close()
             self._sink.close()
             self._writer, self._sink = None, None
+
+
+def read_manifest(uri: str) -> Manifest:
+    """Read a ``_manifest.json`` from a local path or any ``pyarrow.fs`` URI."""
+    if "://" in uri:
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+    else:
+        filesystem, path = pafs.LocalFileSystem(), uri
+    with filesystem.open_input_stream(path) as stream:
+        return Manifest.from_json(stream.read())

@@ -6,7 +6,7 @@
   the slot's WAL is at risk or lost;
 * ``drain`` stages one bounded batch and never moves the slot;
 * ``apply`` submits the Spark apply job for that batch (idempotent, skipped when the batch is empty);
-* ``ack`` advances the slot only once the target's ledger shows the batch applied.
+* ``ack`` advances the slot only once every lake table of the batch has committed it.
 
 ``snapshot_task_group`` copies tables at one consistent point and loads them, for an initial
 snapshot (``slot_mode="create"``), a reload of tables of a running pipeline from a temporary slot
@@ -14,17 +14,17 @@ snapshot (``slot_mode="create"``), a reload of tables of a running pipeline from
 
     [publish] -> snapshot -> load
 
-A target table has two writers then: the CDC ``apply`` and the re-snapshot ``load``. Each
-publishes a table's new state with an exclusive create of the next state version, and the loser
-of a race redoes the table from the winner's state (docs/FORMATS.md), so neither can undo the
-other. To keep them from even computing at once, give both groups the same one-slot Airflow
-``pool`` (``airflow pools set pglogical_<target> 1 "..."``); a pool that does not exist keeps
-its tasks from ever being scheduled, so create it first.
+A lake table has two writers then: the CDC ``apply`` and the re-snapshot ``load``. Both commit
+through Iceberg's optimistic concurrency, and the loser of a race redoes the table from the
+winner's commit (docs/LAKE.md), so neither can undo the other. To keep them from even computing
+at once, give both groups the same one-slot Airflow ``pool`` (``airflow pools set pglogical_lake
+1 "..."``); a pool that does not exist keeps its tasks from ever being scheduled, so create it
+first.
 
 Run the DAG with ``max_active_runs=1``: a slot has one consumer at a time (a second drain on an
 active slot is refused), and each run must start where the previous ack left the slot. A run
 that failed after its drain is simply run again (or the next run does it): the slot has not
-moved, so the drain finds its own staged batch, the apply skips what the ledger already holds,
+moved, so the drain finds its own staged batch, the apply skips the tables that already hold the batch,
 and the ack completes.
 """
 
@@ -35,12 +35,12 @@ from typing import Any
 
 from airflow.sdk import Param, TaskGroup
 
+from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
 from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
 from airflow_provider_pglogical.operators.publication import PgLogicalPublishTablesOperator
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
 from airflow_provider_pglogical.snapshot import SlotMode
 
 
@@ -51,7 +51,7 @@ def pipeline_params(**extra: Param) -> dict[str, Param]:
         "publication": Param("pglogical_pub", type="string"),
         "slot": Param("pglogical_slot", type="string"),
         "staging": Param("/tmp/pglogical/staging", type="string"),
-        "target": Param("/tmp/pglogical/lake", type="string"),
+        "lake_conn_id": Param(PgLogicalLakeHook.default_conn_name, type="string"),
         "spark_conn_id": Param("spark_default", type="string"),
         **extra,
     }
@@ -62,7 +62,7 @@ def cdc_microbatch_task_group(
     slot: str,
     publications: str | Sequence[str],
     staging: str,
-    target: str,
+    lake_conn_id: str = PgLogicalLakeHook.default_conn_name,
     group_id: str = "pglogical_cdc",
     pglogical_conn_id: str = PgLogicalHook.default_conn_name,
     spark_conn_id: str = "spark_default",
@@ -78,8 +78,10 @@ def cdc_microbatch_task_group(
 
     :param lag_sensor: keyword arguments of :class:`PgLogicalSlotLagSensor` (for example
         ``{"min_lag_bytes": 16 << 20, "mode": "reschedule"}``); ``None`` leaves the sensor out.
-    :param pool: Airflow pool of the ``apply`` task; share it with the target's re-snapshot loads.
+    :param pool: Airflow pool of the ``apply`` task; share it with the lake's re-snapshot loads.
     """
+    from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+
     with TaskGroup(group_id=group_id) as group:
         drain = PgLogicalDrainOperator(
             task_id="drain",
@@ -94,7 +96,7 @@ def cdc_microbatch_task_group(
         apply = PgLogicalSparkApplyOperator(
             task_id="apply",
             manifest=manifest,
-            target=target,
+            lake_conn_id=lake_conn_id,
             spark_conn_id=spark_conn_id,
             conf=dict(spark_conf or {}),
             env_vars=dict(spark_env_vars or {}),
@@ -105,7 +107,7 @@ def cdc_microbatch_task_group(
             task_id="ack",
             slot_name=slot,
             manifest=manifest,
-            target=target,
+            lake_conn_id=lake_conn_id,
             pglogical_conn_id=pglogical_conn_id,
         )
         drain >> apply >> ack
@@ -125,7 +127,7 @@ def snapshot_task_group(
     slot: str,
     publications: str | Sequence[str],
     staging: str,
-    target: str,
+    lake_conn_id: str = PgLogicalLakeHook.default_conn_name,
     tables: str | Sequence[str] = (),
     publish: str | Sequence[str | Mapping[str, Any]] | None = None,
     group_id: str = "pglogical_snapshot",
@@ -150,6 +152,8 @@ def snapshot_task_group(
         ``tables`` too, or leave ``tables`` empty.
     :param pool: Airflow pool of the ``load`` task; share it with the pipeline's CDC apply.
     """
+    from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+
     with TaskGroup(group_id=group_id) as group:
         snapshot = PgLogicalSnapshotOperator(
             task_id="snapshot",
@@ -163,7 +167,7 @@ def snapshot_task_group(
         load = PgLogicalSparkApplyOperator(
             task_id="load",
             manifest=f"{{{{ ti.xcom_pull(task_ids='{snapshot.task_id}')['manifest'] }}}}",
-            target=target,
+            lake_conn_id=lake_conn_id,
             spark_conn_id=spark_conn_id,
             conf=dict(spark_conf or {}),
             env_vars=dict(spark_env_vars or {}),

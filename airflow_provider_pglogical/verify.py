@@ -1,27 +1,30 @@
-"""Check that lake tables equal their PostgreSQL sources (DESIGN invariant 5), row for row.
+"""Check that lake tables equal their PostgreSQL sources (DESIGN invariant 5), as multisets.
 
 The source side is read the way the initial snapshot reads it (same column lists, row filters
 and type mapping) through a throwaway slot's exported snapshot, staged to a scratch directory;
-the target side is read with the apply job's :func:`read_table`. Spark compares them with
-``exceptAll`` in both directions, so duplicates count too. Run it when the source is quiet
-(or compare against the LSN the last batch ended at): a busy source is ahead of the lake.
+the lake side is read with pyiceberg through the lake's own catalog, so no Spark session is
+needed. Rows are compared as multisets (duplicates count). Run it when the source is quiet, or
+pass the cut of the batch that matches the source: a busy source is ahead of the lake.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as sf
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from airflow_provider_pglogical.lake import LakeConfig
+from airflow_provider_pglogical.lake_catalog import Cut, read_table
 from airflow_provider_pglogical.replication import connect, drop_slot
 from airflow_provider_pglogical.replication.connection import ConnParams
 from airflow_provider_pglogical.snapshot import take_snapshot
-from airflow_provider_pglogical.spark.apply_batch import read_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,27 +46,50 @@ class TableComparison:
         return {**asdict(self), "equal": self.equal}
 
 
-def _aligned(source: DataFrame, target: DataFrame) -> tuple[DataFrame, DataFrame, str]:
-    """Both sides with the source's columns in its order, the target cast to the source's types."""
-    missing = [c for c in source.columns if c not in target.columns]
+def _hashable(value: Any) -> Hashable:
+    """A value as a dict key: lists and maps become tuples, NaN equals NaN (PostgreSQL agrees)."""
+    if isinstance(value, float) and math.isnan(value):
+        return ("NaN",)
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _hashable(v)) for k, v in value.items())
+    return value  # type: ignore[no-any-return]
+
+
+def _aligned(source: pa.Table, lake: pa.Table) -> tuple[pa.Table, str]:
+    """The lake's columns in the source's order and types (the lake widens some: int16 to int)."""
+    missing = [name for name in source.column_names if name not in lake.column_names]
     if missing:
-        return source, target, f"target lacks columns {missing}"
-    types = dict(target.dtypes)
-    target = target.select(
-        *[sf.col(f"`{c}`") if types[c] == t else sf.col(f"`{c}`").cast(t).alias(c) for c, t in source.dtypes]
-    )
-    return source, target, ""
+        return lake, f"lake lacks columns {missing}"
+    columns = []
+    for field in source.schema:
+        column = lake.column(field.name)
+        if column.type != field.type:
+            try:
+                column = column.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                return lake, f"column {field.name!r}: lake type {column.type} vs source {field.type} ({exc})"
+        columns.append(column)
+    return pa.table(columns, names=source.column_names), ""
+
+
+def multiset_difference(source: pa.Table, lake: pa.Table) -> tuple[int, int]:
+    """(rows only in ``source``, rows only in ``lake``), counting duplicates."""
+    left = Counter(tuple(_hashable(v) for v in row.values()) for row in source.to_pylist())
+    right = Counter(tuple(_hashable(v) for v in row.values()) for row in lake.to_pylist())
+    return sum((left - right).values()), sum((right - left).values())
 
 
 def compare_tables(
-    spark: SparkSession,
     conn_params: ConnParams,
     publications: Sequence[str],
-    target: str,
+    lake: LakeConfig,
     *,
     scratch: str | None = None,
+    cut: Cut | None = None,
 ) -> list[TableComparison]:
-    """Compare every published table with its lake table; see the module docstring."""
+    """Compare every published table with its lake table (now, or as of ``cut``); see the module doc."""
     slot = f"pglogical_verify_{uuid.uuid4().hex[:12]}"
     staging = scratch or tempfile.mkdtemp(prefix="pglogical-verify-")
     try:
@@ -77,23 +103,17 @@ def compare_tables(
     base = path.rsplit("/", 1)[0]
     results = []
     for entry in manifest.tables:
-        files = [f"{base}/{name}" for name in entry.files]
-        source = spark.read.parquet(*files)
+        parts = [pq.read_table(f"{base}/{name}") for name in entry.files]
+        source = pa.concat_tables(parts) if parts else pa.table({})
         try:
-            lake = read_table(spark, target, entry.schema, entry.table)
+            lake_rows = read_table(lake, entry.schema, entry.table, cut=cut)
         except Exception as exc:  # a missing table is a finding, not a crash of the check
-            results.append(TableComparison(entry.qualified, source.count(), 0, source.count(), 0, str(exc)))
+            results.append(TableComparison(entry.qualified, source.num_rows, 0, source.num_rows, 0, str(exc)))
             continue
-        source, lake, detail = _aligned(source, lake)
+        aligned, detail = _aligned(source, lake_rows)
+        missing, extra = (0, 0) if detail else multiset_difference(source, aligned)
         results.append(
-            TableComparison(
-                entry.qualified,
-                source.count(),
-                lake.count(),
-                0 if detail else source.exceptAll(lake).count(),
-                0 if detail else lake.exceptAll(source).count(),
-                detail,
-            )
+            TableComparison(entry.qualified, source.num_rows, lake_rows.num_rows, missing, extra, detail)
         )
     return results
 
@@ -101,7 +121,7 @@ def compare_tables(
 def format_report(results: Sequence[TableComparison]) -> str:
     """An aligned table: source rows, target rows, equal."""
     width = max([len("table")] + [len(r.table) for r in results])
-    lines = [f"{'table':{width}}  {'source rows':>11}  {'target rows':>11}  equal"]
+    lines = [f"{'table':{width}}  {'source rows':>11}  {'lake rows':>11}  equal"]
     for r in results:
         verdict = (
             "yes"

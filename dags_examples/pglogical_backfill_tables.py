@@ -6,7 +6,7 @@ changes its snapshot holds (docs/FORMATS.md). Use it to repair or reload tables,
 changed row filter or column list, or to add a table to the pipeline::
 
     airflow dags test pglogical_backfill_tables --conf '{"slot": "shop_cdc", "publication": "shop",
-        "staging": "/data/staging", "target": "/data/lake", "pglogical_conn_id": "shop_db",
+        "staging": "/data/staging", "lake_conn_id": "shop_lake", "pglogical_conn_id": "shop_db",
         "spark_conn_id": "spark_local", "tables": ["public.orders"],
         "add_tables": [{"table": "public.refunds", "row_filter": "amount > 0"}]}'
 
@@ -50,7 +50,7 @@ with DAG(
         slot="{{ params.slot }}",
         publications="{{ params.publication }}",
         staging="{{ params.staging }}",
-        target="{{ params.target }}",
+        lake_conn_id="{{ params.lake_conn_id }}",
         tables="{{ params.tables + params.add_tables }}",
         publish="{{ params.add_tables }}",
         pglogical_conn_id="{{ params.pglogical_conn_id }}",

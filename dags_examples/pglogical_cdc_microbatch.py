@@ -3,7 +3,7 @@
 Configured entirely by DAG params, so it runs unchanged against any database::
 
     airflow dags test pglogical_cdc_microbatch --conf '{"slot": "shop_cdc", "publication": "shop",
-        "staging": "/data/staging", "target": "/data/lake", "pglogical_conn_id": "shop_db",
+        "staging": "/data/staging", "lake_conn_id": "shop_lake", "pglogical_conn_id": "shop_db",
         "spark_conn_id": "spark_local"}'
 
 Run the initial snapshot DAG (``pglogical_initial_snapshot``) once first: it creates the slot
@@ -37,7 +37,7 @@ with DAG(
         slot="{{ params.slot }}",
         publications="{{ params.publication }}",
         staging="{{ params.staging }}",
-        target="{{ params.target }}",
+        lake_conn_id="{{ params.lake_conn_id }}",
         pglogical_conn_id="{{ params.pglogical_conn_id }}",
         spark_conn_id="{{ params.spark_conn_id }}",
         max_messages="{{ params.max_messages }}",

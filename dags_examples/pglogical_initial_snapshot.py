@@ -3,7 +3,7 @@
 Run once per pipeline (the CDC DAG ``pglogical_cdc_microbatch`` continues exactly where it ends)::
 
     airflow dags test pglogical_initial_snapshot --conf '{"slot": "shop_cdc", "publication": "shop",
-        "staging": "/data/staging", "target": "/data/lake", "pglogical_conn_id": "shop_db",
+        "staging": "/data/staging", "lake_conn_id": "shop_lake", "pglogical_conn_id": "shop_db",
         "spark_conn_id": "spark_local"}'
 
 Re-running a run (cleared, retried) creates nothing: while the slot has not moved past the
@@ -38,7 +38,7 @@ with DAG(
         slot="{{ params.slot }}",
         publications="{{ params.publication }}",
         staging="{{ params.staging }}",
-        target="{{ params.target }}",
+        lake_conn_id="{{ params.lake_conn_id }}",
         tables="{{ params.tables }}",
         pglogical_conn_id="{{ params.pglogical_conn_id }}",
         spark_conn_id="{{ params.spark_conn_id }}",

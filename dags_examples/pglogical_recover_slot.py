@@ -6,7 +6,7 @@ the targets are equal to the source again and the CDC DAG (``pglogical_cdc_micro
 continues from the new slot without manual steps::
 
     airflow dags trigger pglogical_recover_slot --conf '{"slot": "shop_cdc", "publication": "shop",
-        "staging": "/data/staging", "target": "/data/lake", "pglogical_conn_id": "shop_db",
+        "staging": "/data/staging", "lake_conn_id": "shop_lake", "pglogical_conn_id": "shop_db",
         "spark_conn_id": "spark_local"}'
 
 A healthy slot is refused (reload tables of a running pipeline with ``pglogical_backfill_tables``).
@@ -38,7 +38,7 @@ with DAG(
         slot="{{ params.slot }}",
         publications="{{ params.publication }}",
         staging="{{ params.staging }}",
-        target="{{ params.target }}",
+        lake_conn_id="{{ params.lake_conn_id }}",
         pglogical_conn_id="{{ params.pglogical_conn_id }}",
         spark_conn_id="{{ params.spark_conn_id }}",
     )

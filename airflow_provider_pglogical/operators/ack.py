@@ -1,4 +1,4 @@
-"""``PgLogicalAckOperator``: advance the slot past a batch, only once the ledger shows it applied."""
+"""``PgLogicalAckOperator``: advance the slot past a batch, only once every lake table holds it."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.ledger import missing_tables, read_manifest
+from airflow_provider_pglogical.lake_catalog import unapplied_tables
+from airflow_provider_pglogical.staging import read_manifest
 
 
 class BatchNotAppliedError(PgLogicalError):
-    """The ledger does not (yet) show every table of the batch applied; the slot must not move."""
+    """Not every lake table holds the batch yet; the slot must not move."""
 
 
 class ManifestSlotMismatchError(PgLogicalError):
@@ -21,19 +23,20 @@ class ManifestSlotMismatchError(PgLogicalError):
 
 
 class PgLogicalAckOperator(BaseOperator):
-    """Advance ``slot`` to the batch's end LSN after checking the target's ledger.
+    """Advance ``slot`` to the batch's end LSN once every table of the batch has committed it.
 
-    Acknowledging twice is harmless (a slot never moves backwards), and so is acknowledging a
-    batch the slot is already past.
+    What each lake table holds is read from its Iceberg snapshot summaries with pyiceberg (no
+    Spark). Acknowledging twice is harmless (a slot never moves backwards), and so is
+    acknowledging a batch the slot is already past.
 
     :param slot_name: replication slot name (templated).
     :param manifest: URI or path of the batch's ``_manifest.json``, usually the drain's
         ``{{ ti.xcom_pull(task_ids='drain')['manifest'] }}`` (templated).
-    :param target: root of the target lake tables, where the ledger lives (templated).
+    :param lake_conn_id: the lake's ``pglogical_lake`` connection (templated).
     :param pglogical_conn_id: Airflow connection of the source database (templated).
     """
 
-    template_fields: Sequence[str] = ("pglogical_conn_id", "slot_name", "manifest", "target")
+    template_fields: Sequence[str] = ("pglogical_conn_id", "slot_name", "manifest", "lake_conn_id")
     ui_color = "#d5f5d5"
 
     def __init__(
@@ -41,14 +44,14 @@ class PgLogicalAckOperator(BaseOperator):
         *,
         slot_name: str,
         manifest: str,
-        target: str,
+        lake_conn_id: str = PgLogicalLakeHook.default_conn_name,
         pglogical_conn_id: str = PgLogicalHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.slot_name = slot_name
         self.manifest = manifest
-        self.target = target
+        self.lake_conn_id = lake_conn_id
         self.pglogical_conn_id = pglogical_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -58,10 +61,10 @@ class PgLogicalAckOperator(BaseOperator):
                 f"manifest {self.manifest} belongs to slot {manifest.slot!r}, not {self.slot_name!r}: "
                 "pass the manifest drained from this slot"
             )
-        missing = missing_tables(self.target, manifest)
+        missing = unapplied_tables(PgLogicalLakeHook(self.lake_conn_id).get_conn(), manifest)
         if missing:
             raise BatchNotAppliedError(
-                f"batch {manifest.batch_id} is not applied to {self.target} for {', '.join(missing)}: "
+                f"batch {manifest.batch_id} is not applied to the lake for {', '.join(missing)}: "
                 "the slot stays where it is. Run (or re-run) the apply task for this manifest first."
             )
         position = PgLogicalHook(self.pglogical_conn_id).advance_slot(self.slot_name, manifest.end_lsn)

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -208,7 +208,7 @@ class ApplyJob:
         if previous is not None and point <= previous.base_lsn:
             if previous.batch_id != self.manifest.batch_id:
                 log.warning(
-                    "%s: snapshot %s is not newer than the table's base LSN %s: skipped (never load backwards)",
+                    "%s: snapshot %s is not newer than the table's base LSN %s: skipped (never backwards)",
                     spec.qualified, self.manifest.batch_id, previous.base_lsn,
                 )  # fmt: skip
             return TableResult(spec.qualified, "skipped", rows=_rows(table))
@@ -343,25 +343,33 @@ class ApplyJob:
         step = self.load_snapshot_table if self.manifest.kind == "snapshot" else self.apply_batch_table
         results = []
         for spec in specs:
-            for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-                try:
-                    result = step(spec)
-                    break
-                except (PySparkException, Py4JJavaError) as exc:
-                    if not is_conflict(exc):
-                        raise
-                    if attempt == CONFLICT_ATTEMPTS:
-                        raise ConcurrentWriteError(
-                            f"{spec.qualified}: another writer committed the table first {attempt} times in a row; "
-                            "nothing of this batch is acknowledged. Run the CDC apply and the re-snapshot loads of "
-                            "one lake in one Airflow pool (task groups' pool=), then re-run this task"
-                        ) from exc
-                    log.warning("%s: lost a commit race; redoing it from the new state (attempt %d)",
-                                spec.qualified, attempt + 1)  # fmt: skip
+            result = self._with_retries(step, spec)
             log.info("%s %s: %s", self.manifest.batch_id, spec.qualified, result)
             results.append(result)
         self._tag_cut()
         return results
+
+    @staticmethod
+    def _with_retries(step: Callable[[TableManifest], TableResult], spec: TableManifest) -> TableResult:
+        """Run one table's step; when another writer commits first, redo it from the new state."""
+        for attempt in range(1, CONFLICT_ATTEMPTS):
+            try:
+                return step(spec)
+            except (PySparkException, Py4JJavaError) as exc:
+                if not is_conflict(exc):
+                    raise
+                log.warning("%s: lost a commit race; redoing it from the new state (attempt %d)",
+                            spec.qualified, attempt + 1)  # fmt: skip
+        try:
+            return step(spec)
+        except (PySparkException, Py4JJavaError) as exc:
+            if not is_conflict(exc):
+                raise
+            raise ConcurrentWriteError(
+                f"{spec.qualified}: another writer committed the table first {CONFLICT_ATTEMPTS} times in a "
+                "row; nothing of this batch is acknowledged. Run the CDC apply and the re-snapshot loads of "
+                "one lake in one Airflow pool (the task groups' pool=), then re-run this task"
+            ) from exc
 
     def _tag_cut(self) -> None:
         """Tag the cut once every table of the manifest holds the batch (a partial run does not)."""

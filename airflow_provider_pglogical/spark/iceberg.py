@@ -34,6 +34,7 @@ from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.errors import PgLogicalError
 from airflow_provider_pglogical.lake import LakeConfig, TableState
 from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.manifest import encode_name_part
 
 log = logging.getLogger("pglogical.apply")
 
@@ -41,8 +42,8 @@ WRITE_MODES = ("merge-on-read", "copy-on-write")
 # Exceptions of a commit that lost to another writer (or whose outcome is unknown): the table's
 # state is read again and the work redone, which is safe because every step checks that state.
 _CONFLICTS = ("ValidationException", "CommitFailedException", "CommitStateUnknownException")
-_INTEGRAL = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
-_FLOATING = {FloatType: 4, DoubleType: 8}
+_INTEGRAL: dict[type[DataType], int] = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
+_FLOATING: dict[type[DataType], int] = {FloatType: 4, DoubleType: 8}
 
 
 class ApplyError(PgLogicalError):
@@ -81,13 +82,14 @@ def widened(table_type: DataType, staged: DataType) -> DataType | None:
     if table_type == staged:
         return None
     for family in (_INTEGRAL, _FLOATING):
-        if type(table_type) in family and type(staged) in family:
-            if family[type(staged)] <= family[type(table_type)]:
-                return None
-            return LongType() if family is _INTEGRAL else DoubleType()
-    if isinstance(table_type, DecimalType) and isinstance(staged, DecimalType):
-        if table_type.scale == staged.scale:
-            return None if staged.precision <= table_type.precision else staged
+        if type(table_type) not in family or type(staged) not in family:
+            continue
+        if family[type(staged)] <= family[type(table_type)]:
+            return None
+        return LongType() if family is _INTEGRAL else DoubleType()
+    decimals = isinstance(table_type, DecimalType) and isinstance(staged, DecimalType)
+    if decimals and table_type.scale == staged.scale:  # type: ignore[attr-defined]
+        return None if staged.precision <= table_type.precision else staged  # type: ignore[attr-defined]
     raise ValueError(f"{table_type.simpleString()} cannot hold {staged.simpleString()}")
 
 
@@ -126,8 +128,9 @@ class IcebergTables:
         if self.spark.conf.get(f"spark.sql.catalog.{name}", None) is None:
             raise CatalogError(
                 f"Spark has no catalog {name!r}: pass the lake's catalog properties to spark-submit "
-                f"(spark.sql.catalog.{name}=org.apache.iceberg.spark.SparkCatalog and its type/uri/warehouse; "
-                "the apply operator adds them from its lake connection) and the Iceberg runtime jar"
+                f"(spark.sql.catalog.{name}=org.apache.iceberg.spark.SparkCatalog and its type, uri and "
+                "warehouse; the apply operator adds them from its lake connection) and the Iceberg "
+                "runtime jar"
             )
         try:
             self.spark.sql(f"SHOW NAMESPACES IN {quote(name)}").collect()
@@ -149,7 +152,7 @@ class IcebergTables:
 
     # ----------------------------------------------------------------------------------- state
 
-    def java_table(self, identifier: tuple[str, str]) -> Any | None:
+    def java_table(self, identifier: tuple[str, str]) -> Any:
         """Iceberg's ``Table`` for ``identifier``, refreshed; None when it does not exist."""
         try:
             table = self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
@@ -207,9 +210,10 @@ class IcebergTables:
                 target = widened(current[field.name], field.dataType)
             except ValueError as exc:
                 raise SchemaConflictError(
-                    f"table {self.name(identifier)}: column {field.name!r} changed type ({exc}), which Iceberg "
-                    "cannot promote; re-snapshot the table (pglogical_backfill_tables: the load replaces the "
-                    "column with the new type), or revert the type change. Nothing of this batch was applied."
+                    f"table {self.name(identifier)}: column {field.name!r} changed type ({exc}), which "
+                    "Iceberg cannot promote; re-snapshot the table (pglogical_backfill_tables: the load "
+                    "replaces the column with the new type), or revert the type change. Nothing of this "
+                    "batch was applied."
                 ) from None
             if target is not None:
                 update = update.updateColumn(field.name, self._iceberg_type(target))
@@ -293,7 +297,7 @@ class IcebergTables:
             props.put(key, value)
         from pyspark.java_gateway import ensure_callback_server_started
 
-        ensure_callback_server_started(self.spark.sparkContext._gateway)
+        ensure_callback_server_started(self.spark.sparkContext._gateway)  # type: ignore[no-untyped-call]
         call = _Call(lambda: self.spark.sql(sql))
         error_class = self._jvm.java.lang.Class.forName("java.lang.RuntimeException")
         self._jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, call, error_class)
@@ -320,7 +324,7 @@ class IcebergTables:
 
     def owned_tables(self, slot: str) -> list[tuple[str, str]]:
         """Every data table of the lake that ``slot``'s pipeline owns (table property)."""
-        prefix = lake.encode_name_part(self.config.namespace_prefix)
+        prefix = encode_name_part(self.config.namespace_prefix)
         owned = []
         for (namespace,) in self.spark.sql(f"SHOW NAMESPACES IN {quote(self.config.catalog)}").collect():
             if not namespace.startswith(prefix):

@@ -1,51 +1,62 @@
-"""Shared by the end-to-end tests: the apply job as the operator submits it, a Spark session for checks."""
+"""Shared by the end-to-end tests: the apply job as the operator submits it, and the lake read back."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+import tempfile
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-
-from airflow_provider_pglogical.spark import APPLY_JOB_PATH
-
-
-@contextmanager
-def local_spark() -> Iterator[SparkSession]:
-    """A SparkSession for checking the lake, started only once the pipeline has run (JVMs are heavy)."""
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("pglogical-e2e-verify")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    try:
-        yield session
-    finally:
-        session.stop()
+from airflow_provider_pglogical.hooks.lake import connection_json
+from airflow_provider_pglogical.lake import LakeConfig, TableState, local_lake
+from airflow_provider_pglogical.lake_catalog import load_table, open_catalog, owned_tables, table_state
+from airflow_provider_pglogical.spark import APPLY_JOB_PATH, job_py_files, local_jars
 
 
-def spark_apply(manifest_uri: str, target: Path, tables: str = "") -> None:
+def make_lake(root: Path) -> tuple[LakeConfig, str]:
+    """A local lake under ``root`` and its Airflow connection (JSON form)."""
+    root.mkdir(parents=True, exist_ok=True)
+    lake = local_lake(str(root))
+    return lake, connection_json(lake)
+
+
+def spark_apply(manifest_uri: str, lake: LakeConfig, tables: str = "") -> None:
     """The apply job exactly as the operator submits it, optionally for some tables only."""
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
-    args = [
-        spark_submit,
-        "--master",
-        "local[2]",
-        APPLY_JOB_PATH,
-        "--manifest",
-        manifest_uri,
-        "--target",
-        str(target),
-    ]
-    if tables:
-        args += ["--tables", tables]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    with tempfile.TemporaryDirectory() as scratch:
+        args = [
+            spark_submit,
+            "--master",
+            "local[2]",
+            "--py-files",
+            job_py_files(scratch),
+            "--jars",
+            local_jars(),
+        ]
+        for key, value in lake.spark_conf().items():
+            args += ["--conf", f"{key}={value}"]
+        args += [APPLY_JOB_PATH, "--manifest", manifest_uri, "--catalog", lake.catalog]
+        if tables:
+            args += ["--tables", tables]
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def lake_state(lake: LakeConfig, qualified: str) -> TableState:
+    """A lake table's pipeline state, read with pyiceberg from its snapshot summaries."""
+    schema, table = qualified.split(".", 1)
+    loaded = load_table(open_catalog(lake), lake, schema, table)
+    state = table_state(loaded) if loaded is not None else None
+    assert state is not None, f"{qualified} has no pipeline commit"
+    return state
+
+
+def lake_snapshots(lake: LakeConfig, slot: str) -> dict[str, int | None]:
+    """The current snapshot of every pipeline table: equal before and after means nothing was written."""
+    snapshots: dict[str, int | None] = {}
+    for table in owned_tables(open_catalog(lake), lake, slot):
+        current = table.current_snapshot()
+        snapshots[".".join(table.name()[-2:])] = current.snapshot_id if current is not None else None
+    return snapshots

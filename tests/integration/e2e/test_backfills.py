@@ -16,7 +16,6 @@ in local mode; at the end every lake table must equal its source. Steps:
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,11 +25,10 @@ from typing import Any
 
 import psycopg2
 import pytest
-from e2e_support import local_spark, spark_apply
+from e2e_support import lake_snapshots, lake_state, make_lake, spark_apply
 
 from airflow_provider_pglogical.demo_shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import table_dir_name
 from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 from airflow_provider_pglogical.verify import compare_tables, format_report
@@ -48,21 +46,6 @@ def slot_state(pg: PostgresCluster, dbname: str) -> list[tuple[Any, ...]]:
         "FROM pg_replication_slots WHERE database = current_database() ORDER BY 1",
         dbname,
     )
-
-
-def table_state(target: Path, qualified: str) -> dict[str, Any]:
-    """The newest ``_state`` version of a lake table, as the Spark job wrote it."""
-    schema, table = qualified.split(".")
-    states = sorted((target / table_dir_name(schema, table) / "_state").glob("*.json"))
-    return dict(json.loads(states[-1].read_text()), file=states[-1].name)
-
-
-def lake_versions(target: Path) -> dict[str, str]:
-    """The current state file of every lake table: equal before and after means nothing was written."""
-    return {
-        path.parent.parent.name: sorted(path.parent.glob("*.json"))[-1].name
-        for path in target.glob("*/_state/*.json")
-    }
 
 
 def invalidate_slot(pg: PostgresCluster, dbname: str, shop: ShopWorkload) -> None:
@@ -133,15 +116,20 @@ def test_backfills_while_cdc_runs_end_equal(
         "INSERT INTO refunds SELECT g, g, g % 40 - 10, 'early' FROM generate_series(1, 300) g;",
         pg_dbname,
     )
-    staging, target = tmp_path / "staging", tmp_path / "lake"
+    staging = tmp_path / "staging"
+    lake, lake_conn = make_lake(tmp_path / "lake")
     sandbox = AirflowSandbox(
         tmp_path / "airflow",
         DAGS,
-        connections={"shop": pg_cluster.uri(pg_dbname), "spark_local": "spark://local%5B2%5D"},
+        connections={
+            "shop": pg_cluster.uri(pg_dbname),
+            "spark_local": "spark://local%5B2%5D",
+            "lake": lake_conn,
+        },
     )
     conf: dict[str, Any] = {
         "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),
-        "target": str(target), "spark_conn_id": "spark_local",
+        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
     }  # fmt: skip
     sandbox.dags_test("pglogical_initial_snapshot", conf).check()
     shop.step()
@@ -160,14 +148,11 @@ def test_backfills_while_cdc_runs_end_equal(
     assert slot_state(pg_cluster, pg_dbname) == before  # the pipeline slot is untouched
     shop.step()
     sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
-    applied = table_state(target, "public.orders")
-    assert Lsn.parse(applied["applied_end_lsn"]) > resnap.end_lsn
-    spark_apply(path, target)
-    reloaded = table_state(target, "public.orders")
-    assert (
-        reloaded["base_lsn"] == str(resnap.end_lsn)
-        and reloaded["applied_end_lsn"] == applied["applied_end_lsn"]
-    )
+    applied = lake_state(lake, "public.orders")
+    assert applied.applied_end_lsn > resnap.end_lsn
+    spark_apply(path, lake)
+    reloaded = lake_state(lake, "public.orders")
+    assert reloaded.base_lsn == resnap.end_lsn and reloaded.applied_end_lsn == applied.applied_end_lsn
 
     # 2. Add refunds (columns and row filter) while a writer keeps changing it.
     with writer(dsn):
@@ -192,10 +177,10 @@ def test_backfills_while_cdc_runs_end_equal(
             assert earlier.end_date and later.start_date and earlier.end_date <= later.start_date
 
         # 4. Clearing a past run and running it again applies nothing twice and moves nothing back.
-        versions, (slot_before,) = lake_versions(target), slot_state(pg_cluster, pg_dbname)
+        versions, (slot_before,) = lake_snapshots(lake, SLOT), slot_state(pg_cluster, pg_dbname)
         services.rerun("pglogical_cdc_microbatch", runs[0].run_id).check()
         (slot_after,) = slot_state(pg_cluster, pg_dbname)
-        assert lake_versions(target) == versions
+        assert lake_snapshots(lake, SLOT) == versions
         assert Lsn.parse(slot_after[3]) >= Lsn.parse(slot_before[3])
 
     # 5. Lose the slot for real; the CDC run fails pointing to the recovery DAG, which repairs all.
@@ -207,7 +192,6 @@ def test_backfills_while_cdc_runs_end_equal(
     shop.step()
     sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
 
-    with local_spark() as spark:
-        results = compare_tables(spark, dsn, [PUBLICATION], str(target))
-        assert all(r.equal for r in results), format_report(results)
-        assert {r.table for r in results} == {*TABLES, "public.refunds"}
+    results = compare_tables(dsn, [PUBLICATION], lake)
+    assert all(r.equal for r in results), format_report(results)
+    assert {r.table for r in results} == {*TABLES, "public.refunds"}

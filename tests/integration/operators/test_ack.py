@@ -1,4 +1,4 @@
-"""The ack moves the slot only for a batch of its own slot that the ledger shows applied."""
+"""The ack moves the slot only for a batch of its own slot that every lake table has committed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.hooks.lake import connection_json
+from airflow_provider_pglogical.lake import local_lake
 from airflow_provider_pglogical.operators.ack import (
     BatchNotAppliedError,
     ManifestSlotMismatchError,
@@ -17,7 +19,9 @@ from airflow_provider_pglogical.testing import PostgresCluster
 
 
 @pytest.fixture
-def source(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def source(
+    pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> str:
     pg_cluster.execute(
         "CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE other (id int);CREATE PUBLICATION pub FOR TABLE t",
         pg_dbname,
@@ -27,12 +31,14 @@ def source(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.Monk
     create_slot(conn, "cdc_other")
     conn.close()
     monkeypatch.setenv("AIRFLOW_CONN_ACK_SRC", pg_cluster.uri(pg_dbname))
+    (tmp_path / "lake").mkdir()  # an empty local lake: a SQLite Iceberg catalog
+    monkeypatch.setenv("AIRFLOW_CONN_ACK_LAKE", connection_json(local_lake(str(tmp_path / "lake"))))
     return pg_cluster.dsn(pg_dbname)
 
 
-def _ack(slot: str, manifest: str, target: Path) -> PgLogicalAckOperator:
+def _ack(slot: str, manifest: str) -> PgLogicalAckOperator:
     return PgLogicalAckOperator(
-        task_id="ack", slot_name=slot, manifest=manifest, target=str(target), pglogical_conn_id="ack_src"
+        task_id="ack", slot_name=slot, manifest=manifest, lake_conn_id="ack_lake", pglogical_conn_id="ack_src"
     )
 
 
@@ -44,20 +50,20 @@ def test_unapplied_batch_and_foreign_manifest_are_refused(
     conn = connect(source)
     before = describe_slot(conn, "cdc").confirmed_flush_lsn
     with pytest.raises(BatchNotAppliedError, match=r"public\.t.*Run \(or re-run\) the apply task"):
-        _ack("cdc", batch.manifest_uri, tmp_path / "lake").execute({})  # type: ignore[arg-type]
+        _ack("cdc", batch.manifest_uri).execute({})  # type: ignore[arg-type]
     with pytest.raises(ManifestSlotMismatchError, match="belongs to slot 'cdc', not 'cdc_other'"):
-        _ack("cdc_other", batch.manifest_uri, tmp_path / "lake").execute({})  # type: ignore[arg-type]
+        _ack("cdc_other", batch.manifest_uri).execute({})  # type: ignore[arg-type]
     assert describe_slot(conn, "cdc").confirmed_flush_lsn == before
     conn.close()
 
 
-def test_empty_batch_is_acknowledged_without_a_ledger(
+def test_empty_batch_is_acknowledged_without_a_commit(
     pg_cluster: PostgresCluster, pg_dbname: str, source: str, tmp_path: Path
 ) -> None:
     pg_cluster.execute("INSERT INTO other SELECT generate_series(1, 1000)", pg_dbname)
     batch = drain_batch(source, DrainSettings("cdc", ("pub",), str(tmp_path / "staging")))
     assert batch.manifest.tables == ()
-    result = _ack("cdc", batch.manifest_uri, tmp_path / "lake").execute({})  # type: ignore[arg-type]
+    result = _ack("cdc", batch.manifest_uri).execute({})  # type: ignore[arg-type]
     conn = connect(source)
     assert describe_slot(conn, "cdc").confirmed_flush_lsn == batch.manifest.end_lsn
     conn.close()
