@@ -27,13 +27,23 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.errors import PgLogicalError
@@ -58,6 +68,14 @@ from airflow_provider_pglogical.spark.iceberg import (
     quote,
     temp_view,
 )
+from airflow_provider_pglogical.spark.staged import (
+    base_dir,
+    declared_schema,
+    files_reaching,
+    key_columns,
+    load_manifest,
+    read_staged,
+)
 
 log = logging.getLogger("pglogical.apply")
 
@@ -75,76 +93,6 @@ class TableResult:
     changes: int = 0
     rows: int = 0  # loads only: a merge-on-read table's summary does not net out its deletes
     seconds: float = 0.0
-
-
-def read_text(spark: SparkSession, path: str) -> str | None:
-    """A small file's text from a local path or any Hadoop file system URI; None when missing."""
-    scheme = urlparse(path).scheme
-    if scheme in ("", "file") or len(scheme) == 1:
-        local = urlparse(path).path if path.startswith("file:") else path
-        try:
-            with open(local, encoding="utf-8") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
-    jvm: Any = spark._jvm
-    jpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = jpath.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[union-attr]
-    if not fs.exists(jpath):
-        return None
-    stream = fs.open(jpath)
-    try:
-        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-    finally:
-        stream.close()
-
-
-def load_manifest(spark: SparkSession, path: str) -> Manifest:
-    text = read_text(spark, path)
-    if text is None:
-        raise ApplyError(
-            f"manifest {path} does not exist (an incomplete batch has no manifest: redo its drain)"
-        )
-    return Manifest.from_json(text)
-
-
-def _base_dir(manifest_path: str) -> str:
-    return manifest_path.rsplit("/", 1)[0] if "/" in manifest_path else "."
-
-
-def key_columns(spec: TableManifest, columns: Sequence[str]) -> list[str]:
-    """Replica identity columns; every column for FULL (and NOTHING, which only sees inserts)."""
-    if spec.replica_identity in ("f", "n") or not spec.key_columns:
-        return list(columns)
-    return list(spec.key_columns)
-
-
-def read_staged(spark: SparkSession, table: str, paths: Sequence[str]) -> DataFrame:
-    """Staged files as one frame; files of several relation versions merge to the union of columns."""
-    try:
-        return spark.read.option("mergeSchema", "true").parquet(*paths)
-    except (PySparkException, Py4JJavaError):  # CANNOT_MERGE_SCHEMAS arrives unconverted
-        seen: dict[str, tuple[str, str]] = {}
-        for path in paths:  # name the column and the files, rather than Spark's schema dump
-            for col in spark.read.parquet(path).schema.fields:
-                first = seen.setdefault(col.name, (col.dataType.simpleString(), path))
-                if first[0] != col.dataType.simpleString():
-                    raise SchemaConflictError(
-                        f"table {table}: column {col.name!r} changed type from {first[0]} ({first[1]}) "
-                        f"to {col.dataType.simpleString()} ({path}) within one batch; re-snapshot the "
-                        f"table, or revert the type change"
-                    ) from None
-        raise
-
-
-def _files_reaching(spark: SparkSession, paths: Sequence[str], base: int) -> list[str]:
-    """The staged files holding a change at or above ``base`` (only the commit LSN column is read)."""
-    live = []
-    for path in paths:
-        row = spark.read.parquet(path).agg(sf.max(COMMIT_LSN)).first()
-        if row is not None and row[0] is not None and row[0] >= base:
-            live.append(path)
-    return live
 
 
 def _table_columns(df: DataFrame) -> list[StructField]:
@@ -176,7 +124,7 @@ class ApplyJob:
         self.spark = spark
         self.tables = tables
         self.manifest = manifest
-        self.base_dir = _base_dir(manifest_path)
+        self.base_dir = base_dir(manifest_path)
 
     def summary(self, base_lsn: Lsn, applied_end_lsn: Lsn) -> dict[str, str]:
         m = self.manifest
@@ -214,12 +162,14 @@ class ApplyJob:
             return TableResult(spec.qualified, "skipped", rows=_rows(table))
         rows = self._staged(spec)
         if rows is None:
-            rows = self.spark.createDataFrame([], _declared_schema(spec))
+            rows = self.spark.createDataFrame([], declared_schema(spec))
         replayed, applied_end = 0, point
         if previous is not None and previous.applied_end_lsn > point:
             rows, replayed = self._catch_up(spec, rows, previous.applied_end_lsn)
             applied_end = previous.applied_end_lsn
         summary = self.summary(point, applied_end)
+        keys = key_columns(spec, [c.name for c in _table_columns(rows)])
+        rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
         if table is None:
             self.tables.create(identifier, rows, summary, self.manifest.slot)
         else:
@@ -299,8 +249,11 @@ class ApplyJob:
         name = self.tables.name(identifier)
         keys = key_columns(spec, [c.name for c in columns])
         net = net_effect(changes, columns, keys, self.spark.table(name))
-        self.tables.merge(_merge_sql(name, temp_view(net.rows), self.tables.schema(identifier), columns, keys,
-                                     net.truncated), self.summary(base, end))  # fmt: skip
+        rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
+        schema = self.tables.schema(identifier)
+        bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
+        sql = _merge_sql(name, temp_view(rows), schema, columns, keys, net.truncated, bounds)
+        self.tables.merge(sql, self.summary(base, end))
         merged = self.tables.java_table(identifier)
         after = self.tables.state(merged)
         if after is None or after.applied_end_lsn < end:  # the merge changed no file: no snapshot
@@ -318,7 +271,7 @@ class ApplyJob:
         try:
             return read_staged(self.spark, spec.qualified, paths)
         except SchemaConflictError:
-            live = _files_reaching(self.spark, paths, int(base))
+            live = files_reaching(self.spark, paths, int(base))
             if len(live) == len(paths):
                 raise
             log.info(
@@ -385,19 +338,27 @@ class ApplyJob:
         log.info("cut %s at %s: %d tag(s) created", lake.tag_name(m.end_lsn), m.end_lsn, created)
 
 
-def _declared_schema(spec: TableManifest) -> StructType:
-    """Schema of a snapshot table with no staged file, from the manifest's Arrow types."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import from_arrow_type
+def key_bounds(rows: DataFrame, key: str, dtype: DataType) -> tuple[str, str] | None:
+    """SQL literals of the lowest and highest first-key value of a batch's rows, or None.
 
-    fields = []
-    for col in spec.columns:
-        try:
-            arrow = pa.schema([pa.field("c", pa.type_for_alias(col.arrow_type))]).field("c").type
-        except ValueError:
-            arrow = pa.string()
-        fields.append(StructField(col.name, from_arrow_type(arrow), True))
-    return StructType(fields)
+    None when a bound could not prune anything or not be written exactly: no rows, a null key
+    (REPLICA IDENTITY FULL rows match on null too), or a type without an exact literal here.
+    """
+    if not isinstance(dtype, (ByteType, ShortType, IntegerType, LongType, DecimalType, StringType, DateType)):
+        return None
+    field = sf.col(ROW_KEY).getField(key)
+    row = rows.agg(sf.min(field), sf.max(field), sf.count(sf.lit(1)), sf.count(field)).first()
+    if row is None or row[2] == 0 or row[2] != row[3]:
+        return None
+    return _literal(row[0], dtype), _literal(row[1], dtype)
+
+
+def _literal(value: Any, dtype: DataType) -> str:
+    if isinstance(dtype, StringType):  # bytes, so no quote or backslash in the name needs escaping
+        return f"CAST(X'{str(value).encode('utf-8').hex()}' AS STRING)"
+    if isinstance(dtype, DateType):
+        return f"DATE '{value.isoformat()}'"
+    return f"CAST('{value}' AS {dtype.simpleString()})"
 
 
 def _merge_sql(
@@ -407,10 +368,14 @@ def _merge_sql(
     columns: Sequence[StructField],
     keys: Sequence[str],
     truncated: bool,
+    bounds: tuple[str, str] | None = None,
 ) -> str:
     """One ``MERGE INTO`` of a batch's net effect: delete, update, insert, and for a TRUNCATE the rest.
 
     Columns the batch does not carry (dropped at the source) are written as null in its rows.
+    ``bounds`` (the batch's first-key range) restrict the target rows the MERGE reads: no row
+    outside it can match, and with key-ordered files Iceberg skips every file outside it, so an
+    OLTP batch (recent keys) reads a few files however large the table is.
     """
     carried = {c.name for c in columns}
 
@@ -418,6 +383,8 @@ def _merge_sql(
         return f"s.{quote(name)}" if name in carried else "NULL"
 
     on = " AND ".join(f"t.{quote(k)} <=> s.{ROW_KEY}.{quote(k)}" for k in keys)
+    if bounds is not None:
+        on += f" AND t.{quote(keys[0])} BETWEEN {bounds[0]} AND {bounds[1]}"
     sets = ", ".join(f"t.{quote(f.name)} = {value(f.name)}" for f in schema.fields)
     names = ", ".join(quote(f.name) for f in schema.fields)
     values = ", ".join(value(f.name) for f in schema.fields)

@@ -39,6 +39,7 @@ from airflow_provider_pglogical.manifest import encode_name_part
 log = logging.getLogger("pglogical.apply")
 
 WRITE_MODES = ("merge-on-read", "copy-on-write")
+TARGET_FILE_BYTES = 64 << 20
 # Exceptions of a commit that lost to another writer (or whose outcome is unknown): the table's
 # state is read again and the work redone, which is safe because every step checks that state.
 _CONFLICTS = ("ValidationException", "CommitFailedException", "CommitStateUnknownException")
@@ -185,8 +186,16 @@ class IcebergTables:
     # ---------------------------------------------------------------------------------- schema
 
     def table_properties(self, slot: str) -> dict[str, str]:
-        """Properties of a new lake table: format v2, the write mode, the owning slot."""
-        properties = {"format-version": "2", lake.OWNER_PROPERTY: slot}
+        """Properties of a new lake table: format v2, the write mode, the owning slot, file size.
+
+        Files of at most 64 MB, written in key order by the load, keep each file's key range narrow,
+        so a batch's MERGE reads only the files its key range overlaps (docs/LAKE.md).
+        """
+        properties = {
+            "format-version": "2",
+            lake.OWNER_PROPERTY: slot,
+            "write.target-file-size-bytes": str(TARGET_FILE_BYTES),
+        }
         for operation in ("merge", "update", "delete"):
             properties[f"write.{operation}.mode"] = self.write_mode
         return properties

@@ -1,4 +1,4 @@
-"""The task groups' wiring: what runs after what, and the pool both target writers share."""
+"""The task groups' wiring: what runs after what, and the pool both lake writers share."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from airflow_provider_pglogical.task_groups import cdc_microbatch_task_group, sn
 
 def test_cdc_apply_and_resnapshot_load_share_one_pool() -> None:
     with DAG("shared_pool", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
-        cdc_microbatch_task_group(slot="s", publications="p", staging="/st", target="/lake", pool="pgl_lake")
+        cdc_microbatch_task_group(slot="s", publications="p", staging="/st", pool="pgl_lake")
         snapshot_task_group(
             slot_mode="temporary",
             group_id="pglogical_resnapshot",
             slot="s",
             publications=["p", "q"],
             staging="/st",
-            target="/lake",
+            lake_conn_id="lake",
             publish=["public.x"],
             pool="pgl_lake",
         )
@@ -39,7 +39,7 @@ def test_without_a_pool_the_default_pool_applies() -> None:
             slot="s",
             publications="p",
             staging="/st",
-            target="/lake",
+            lake_conn_id="lake",
         )
     assert dag.get_task("pglogical_resnapshot.load").pool == "default_pool"
     assert "pglogical_resnapshot.publish" not in dag.task_dict

@@ -1,0 +1,58 @@
+"""The Airflow side installs and imports without pyspark (issue 12): the lake is read with pyiceberg.
+
+A fresh interpreter blocks ``pyspark`` and ``py4j`` imports, then imports every module of the
+Airflow side; only the Spark job (``spark/`` but its submit-side ``__init__``) and the apply
+operator built on the Spark provider may need them.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+
+import airflow_provider_pglogical
+
+# Modules that run under spark-submit, or subclass the Spark provider's operator (the `spark` extra).
+SPARK_SIDE = ("airflow_provider_pglogical.spark.", "airflow_provider_pglogical.operators.spark_apply",
+              "airflow_provider_pglogical.operators.maintenance")  # fmt: skip
+
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("pyspark", "py4j"):
+            raise ImportError(f"blocked for this test: {name}")
+        return None
+sys.meta_path.insert(0, Block())
+import importlib
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+print("imported", len(sys.argv) - 1)
+"""
+
+
+def airflow_side_modules() -> list[str]:
+    names = [
+        info.name
+        for info in pkgutil.walk_packages(airflow_provider_pglogical.__path__, "airflow_provider_pglogical.")
+    ]
+    return [n for n in names if not n.startswith(SPARK_SIDE) or n == "airflow_provider_pglogical.spark"]
+
+
+def test_airflow_side_imports_without_pyspark() -> None:
+    modules = airflow_side_modules()
+    assert "airflow_provider_pglogical.operators.ack" in modules
+    assert "airflow_provider_pglogical.lake_catalog" in modules
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCKER, *modules], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"imported {len(modules)}" in result.stdout
+
+
+def test_the_blocker_can_fail() -> None:
+    """The check above is real: importing the Spark job under the blocker fails."""
+    job = "airflow_provider_pglogical.spark.apply_batch"
+    result = subprocess.run([sys.executable, "-c", BLOCKER, job], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "blocked for this test: py" in result.stderr
