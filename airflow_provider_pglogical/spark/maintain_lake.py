@@ -12,7 +12,8 @@ For every table the slot owns and its changelog table, in this order:
    same cuts from every table, so each kept cut still reads every table at one source LSN;
 3. ``expire_snapshots`` drops snapshots older than ``--older-than-hours`` (the kept cuts keep
    theirs: Iceberg never expires a tagged snapshot);
-4. ``remove_orphan_files`` deletes files no snapshot references and older than the same age.
+4. ``remove_orphan_files`` deletes files no snapshot references and older than the same age, but
+   never younger than 24 hours (Iceberg's procedure refuses a shorter interval).
 
 The pipeline's state survives: a table's state is its newest *pipeline* snapshot along the main
 branch (``lake.state_of``), reached by walking parents from the current snapshot past maintenance
@@ -56,10 +57,16 @@ log = logging.getLogger("pglogical.maintain")
 STEPS = ("rewrite", "tags", "expire", "orphans")
 DEFAULT_KEEP_CUTS = 48
 DEFAULT_OLDER_THAN_HOURS = 24.0
+# Iceberg's remove_orphan_files refuses a younger cutoff (only its Action API would take one).
+ORPHAN_MIN_AGE = timedelta(hours=24)
 # Data files carrying any delete are rewritten: every delete file costs each read a join, and a
 # merge-on-read apply adds one per touched file per batch. Delete files of rewritten data files
 # are dropped with them rather than left dangling until the next position-delete rewrite.
 REWRITE_OPTIONS = {"delete-file-threshold": "1", "remove-dangling-deletes": "true"}
+# The rewrite keeps its starting sequence number (fewer conflicts with a racing apply), so the
+# newest delete files still look live to it; rewriting every position delete file (small, and few
+# once the data rewrite folded them in) drops those whose data files are gone.
+DELETE_REWRITE_OPTIONS = {"rewrite-all": "true"}
 _MERGE_ON_READ = "merge-on-read"
 
 
@@ -130,7 +137,9 @@ class LakeMaintenance:
         result.data_files_added += int(row["added_data_files_count"])
         properties = self.tables.java_table(identifier).properties()
         if any(properties.get(f"write.{op}.mode") == _MERGE_ON_READ for op in ("merge", "update", "delete")):
-            (row,) = self._call("rewrite_position_delete_files", identifier)
+            (row,) = self._call(
+                "rewrite_position_delete_files", identifier, options=_options(DELETE_REWRITE_OPTIONS)
+            )
             result.delete_files_rewritten += int(row["rewritten_delete_files_count"])
 
     # ---------------------------------------------------------------------------------- cuts
@@ -179,7 +188,9 @@ class LakeMaintenance:
             int(row[name] or 0) for name in row.asDict() if name.endswith("_files_count")
         )
 
-    def remove_orphans(self, identifier: tuple[str, str], older_than: datetime, result: TableMaintenance) -> None:
+    def remove_orphans(
+        self, identifier: tuple[str, str], older_than: datetime, result: TableMaintenance
+    ) -> None:
         """Delete files under the table's location that no snapshot references, older than ``older_than``."""
         rows = self._call("remove_orphan_files", identifier, older_than=_timestamp(older_than))
         result.orphans_removed += len(rows)
@@ -197,9 +208,9 @@ class LakeMaintenance:
                         self.tables.name(identifier), step)  # fmt: skip
             result.conflicts.append(step)
 
-    def run(
-        self, keep_cuts: int, older_than: datetime, skip: Collection[str] = ()
-    ) -> list[TableMaintenance]:
+    def run(self, keep_cuts: int, older_than: datetime, skip: Collection[str] = ()) -> list[TableMaintenance]:
+        """Every step over every table; orphans older than ``older_than`` and :data:`ORPHAN_MIN_AGE`."""
+        orphans_before = min(older_than, datetime.now(UTC) - ORPHAN_MIN_AGE)
         identifiers = self.targets()
         results = {i: TableMaintenance(self.tables.name(i)) for i in identifiers}
         if "rewrite" not in skip:
@@ -212,7 +223,9 @@ class LakeMaintenance:
             if "expire" not in skip:
                 self._step("expire", i, results[i], lambda i=i: self.expire(i, older_than, results[i]))
             if "orphans" not in skip:
-                self._step("orphans", i, results[i], lambda i=i: self.remove_orphans(i, older_than, results[i]))
+                self._step(
+                    "orphans", i, results[i], lambda i=i: self.remove_orphans(i, orphans_before, results[i])
+                )
             log.info("%s", json.dumps(asdict(results[i])))
         return [results[i] for i in identifiers]
 
@@ -233,7 +246,9 @@ def maintain(
     """
     unknown = set(skip) - set(STEPS)
     if unknown:
-        raise MaintenanceError(f"--skip names unknown step(s) {sorted(unknown)}: choose from {', '.join(STEPS)}")
+        raise MaintenanceError(
+            f"--skip names unknown step(s) {sorted(unknown)}: choose from {', '.join(STEPS)}"
+        )
     if keep_cuts < 1:
         raise MaintenanceError(
             f"--keep-cuts must be at least 1 (got {keep_cuts}): the newest cut is what readers of "
@@ -244,7 +259,9 @@ def maintain(
     spark.conf.set("spark.sql.caseSensitive", "true")  # PostgreSQL names "ID" and "id" differ
     tables = IcebergTables(spark, config)
     cutoff = (now or datetime.now(UTC)) - older_than
-    log.info("maintaining the tables of slot %s in catalog %s; expiring before %s", slot, config.catalog, cutoff)
+    log.info(
+        "maintaining the tables of slot %s in catalog %s; expiring before %s", slot, config.catalog, cutoff
+    )
     return LakeMaintenance(tables, slot).run(keep_cuts, cutoff, skip)
 
 
