@@ -85,6 +85,9 @@ _MIN_VERSION = {
 }
 
 
+_TRUNCATE_OPTIONS = 0b11
+
+
 class _Reader:
     """A bounds-checked cursor over one message; every read failure becomes a decode error."""
 
@@ -285,6 +288,10 @@ class PgOutputDecoder:
     def _truncate(self, reader: _Reader, xid: int | None) -> Truncate:
         count = reader.int_(_U32)
         options = reader.byte()
+        if options & ~_TRUNCATE_OPTIONS:  # pgoutput sets only CASCADE (1) and RESTART IDENTITY (2)
+            raise reader.fail(
+                f"truncate options {options:#04x} set bits PostgreSQL does not define", reader.pos - 1
+            )
         if count > (len(reader.data) - reader.pos) // 4:
             raise reader.fail(f"relation count {count} runs past the end", reader.pos - 5)
         ids = []

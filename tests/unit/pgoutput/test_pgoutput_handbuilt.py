@@ -194,6 +194,8 @@ BAD_INPUT = [
     pytest.param(GOOD_INSERT + b"\x00", "I", len(GOOD_INSERT), id="trailing-bytes"),
     pytest.param(insert(1, [b"1"]), "I", 6, id="column-count"),
     pytest.param(b"", "?", 0, id="empty"),
+    # Only CASCADE (1) and RESTART IDENTITY (2) exist: 0x80 once decoded as a null flag (int8 overflow).
+    pytest.param(b"T" + struct.pack("!IB", 1, 0x80) + struct.pack("!I", 1), "T", 5, id="truncate-options"),
 ]
 
 
