@@ -7,42 +7,33 @@ deletes staged batches and snapshots the slot is acknowledged past (``retention.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-try:
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        "PgLogicalLakeMaintenanceOperator needs the Spark provider: "
-        "pip install 'airflow-provider-pglogical[spark]'"
-    ) from exc
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.lake import LakeConfig
+from airflow_provider_pglogical.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_pglogical.retention import prune_staging
-from airflow_provider_pglogical.spark import MAINTAIN_JOB_PATH, job_py_files, local_jars
+from airflow_provider_pglogical.spark import MAINTAIN_JOB_PATH
 
 
 class SlotNotAcknowledgedError(PgLogicalError):
     """The slot has no confirmed position, so no staged batch can be known acknowledged."""
 
 
-class PgLogicalLakeMaintenanceOperator(SparkSubmitOperator):
+class PgLogicalLakeMaintenanceOperator(LakeSparkJobOperator):
     """Compact, expire and clean the Iceberg tables of one slot's pipeline with ``spark-submit``.
 
     Runs ``rewrite_data_files`` (and ``rewrite_position_delete_files`` on merge-on-read tables),
     drops consistent-cut tags beyond the newest ``keep_cuts``, ``expire_snapshots`` and
     ``remove_orphan_files`` for every table the slot owns and its changelog. The tables' pipeline
-    state is kept (spark/maintain_lake.py says how). Everything of :class:`SparkSubmitOperator`
-    applies; the lake's catalog properties come from the ``pglogical_lake`` connection and are
-    added to ``conf``, and ``PGLOGICAL_SPARK_JARS`` is used when neither ``jars`` nor
-    ``packages`` is given, as for the apply operator. Share the apply's Airflow ``pool``: a
-    compaction racing an apply makes one of them redo its commit.
+    state is kept (spark/maintain_lake.py says how). See :class:`LakeSparkJobOperator` for the
+    Spark and lake settings. Share the apply's Airflow ``pool``: a compaction racing an apply
+    makes one of them redo its commit.
 
     :param slot: the slot whose pipeline owns the tables (templated).
     :param lake_conn_id: the lake's ``pglogical_lake`` connection (templated).
@@ -54,53 +45,30 @@ class PgLogicalLakeMaintenanceOperator(SparkSubmitOperator):
     """
 
     template_fields: Sequence[str] = (
-        *SparkSubmitOperator.template_fields,
-        "slot",
-        "lake_conn_id",
-        "keep_cuts",
-        "older_than_hours",
-        "skip",
-        "spark_conn_id",
-    )
+        *LakeSparkJobOperator.template_fields, "slot", "keep_cuts", "older_than_hours", "skip",
+    )  # fmt: skip
 
     def __init__(
         self,
         *,
         slot: str,
-        lake_conn_id: str = PgLogicalLakeHook.default_conn_name,
         keep_cuts: int | str = 48,
         older_than_hours: float | str = 24,
         skip: Sequence[str] = (),
-        spark_conn_id: str = "spark_default",
         name: str = "pglogical-maintain",
         **kwargs: Any,
     ) -> None:
-        super().__init__(application=MAINTAIN_JOB_PATH, conn_id=spark_conn_id, name=name, **kwargs)
+        super().__init__(application=MAINTAIN_JOB_PATH, name=name, **kwargs)
         self.slot = slot
-        self.lake_conn_id = lake_conn_id
         self.keep_cuts = keep_cuts
         self.older_than_hours = older_than_hours
         self.skip = skip
-        self.spark_conn_id = spark_conn_id
 
-    def execute(self, context: Context) -> None:
-        lake = PgLogicalLakeHook(self.lake_conn_id).get_conn()
-        self._conn_id = self.spark_conn_id  # templated: may come from DAG params
-        self.conf = {**lake.spark_conf(), **(self.conf or {})}
-        if not self.jars and not self.packages:
-            self.jars = local_jars() or None
-        args = ["--catalog", lake.catalog, "--slot", str(self.slot), "--keep-cuts", str(int(self.keep_cuts))]
+    def job_arguments(self, lake: LakeConfig) -> list[str]:
+        args = ["--slot", str(self.slot), "--keep-cuts", str(int(self.keep_cuts))]
         args += ["--older-than-hours", str(float(self.older_than_hours))]
-        if lake.namespace_prefix:
-            args += ["--namespace-prefix", lake.namespace_prefix]
         skip = [self.skip] if isinstance(self.skip, str) else list(self.skip)
-        if skip:
-            args += ["--skip", ",".join(skip)]
-        self.application_args = args
-        with tempfile.TemporaryDirectory(prefix="pglogical-maintain-") as scratch:
-            shipped = job_py_files(scratch)
-            self.py_files = f"{self.py_files},{shipped}" if self.py_files else shipped
-            super().execute(context)
+        return args + (["--skip", ",".join(skip)] if skip else [])
 
 
 class PgLogicalStagingRetentionOperator(BaseOperator):

@@ -18,12 +18,9 @@ Exit status 0 on success (a JSON summary is printed on stdout), 2 on an error a 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -46,7 +43,6 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pglogical import lake
-from airflow_provider_pglogical.errors import PgLogicalError
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lsn import ZERO, Lsn
 from airflow_provider_pglogical.manifest import Manifest, TableManifest
@@ -68,6 +64,7 @@ from airflow_provider_pglogical.spark.iceberg import (
     quote,
     temp_view,
 )
+from airflow_provider_pglogical.spark.job import job_parser, run_job
 from airflow_provider_pglogical.spark.staged import (
     base_dir,
     declared_schema,
@@ -423,43 +420,21 @@ def apply_manifest(
     return ApplyJob(spark, lake_tables, manifest, manifest_path).run(specs)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="apply_batch.py", description=(__doc__ or "").split("\n", 1)[0])
-    parser.add_argument(
-        "--manifest", required=True, help="path or URI of the batch's or snapshot's _manifest.json"
-    )
-    parser.add_argument("--catalog", required=True, help="the Spark catalog name of the Iceberg lake")
-    parser.add_argument("--namespace-prefix", default="", help="prefix of the lake namespaces (default none)")
-    parser.add_argument("--tables", default="", help="comma-separated schema.table names (default: all)")
-    parser.add_argument("--write-mode", default="merge-on-read", help="row-level write mode of new tables")
-    return parser
+def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+    results = apply_manifest(spark, args.manifest, config, tables, args.write_mode)
+    return [{"manifest": args.manifest, "tables": [asdict(r) for r in results]}]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the job; returns the process exit status (0 ok, 2 user-actionable error, 1 unexpected)."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    started_here = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
-    spark = SparkSession.builder.appName(f"pglogical-apply {os.path.basename(args.manifest)}").getOrCreate()
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    try:
-        config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix)
-        tables = [t.strip() for t in args.tables.split(",") if t.strip()]
-        results = apply_manifest(spark, args.manifest, config, tables, args.write_mode)
-        print(json.dumps({"manifest": args.manifest, "tables": [asdict(r) for r in results]}))
-        return 0
-    except PgLogicalError as exc:
-        print(f"apply_batch: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception:
-        print(
-            f"apply_batch: unexpected failure applying {args.manifest}:\n{traceback.format_exc()}",
-            file=sys.stderr,
-        )
-        return 1
-    finally:
-        if started_here:
-            spark.stop()
+    parser = job_parser("apply_batch.py", (__doc__ or "").split("\n", 1)[0])
+    parser.add_argument(
+        "--manifest", required=True, help="path or URI of the batch's or snapshot's _manifest.json"
+    )
+    parser.add_argument("--tables", default="", help="comma-separated schema.table names (default: all)")
+    parser.add_argument("--write-mode", default="merge-on-read", help="row-level write mode of new tables")
+    return run_job(parser, _run, argv)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ import argparse
 import json
 import logging
 import sys
-import traceback
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -51,6 +50,7 @@ from airflow_provider_pglogical.errors import PgLogicalError
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.spark.iceberg import IcebergTables, is_conflict, quote
+from airflow_provider_pglogical.spark.job import job_parser, run_job
 
 log = logging.getLogger("pglogical.maintain")
 
@@ -265,10 +265,18 @@ def maintain(
     return LakeMaintenance(tables, slot).run(keep_cuts, cutoff, skip)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maintain_lake.py", description=(__doc__ or "").split("\n", 1)[0])
-    parser.add_argument("--catalog", required=True, help="the Spark catalog name of the Iceberg lake")
-    parser.add_argument("--namespace-prefix", default="", help="prefix of the lake namespaces (default none)")
+def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
+    skip = [s.strip() for s in args.skip.split(",") if s.strip()]
+    results = maintain(
+        spark, config, args.slot, keep_cuts=args.keep_cuts, older_than=timedelta(hours=args.older_than_hours),
+        skip=skip,
+    )  # fmt: skip
+    return [asdict(result) for result in results]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; returns the process exit status (0 ok, 2 user-actionable error, 1 unexpected)."""
+    parser = job_parser("maintain_lake.py", (__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--slot", required=True, help="the slot whose pipeline owns the tables")
     parser.add_argument("--keep-cuts", type=int, default=DEFAULT_KEEP_CUTS, help="newest cut tags kept")
     parser.add_argument(
@@ -278,35 +286,7 @@ def _parser() -> argparse.ArgumentParser:
         help="age of snapshots to expire and orphan files to delete; at least the longest apply",
     )
     parser.add_argument("--skip", default="", help=f"comma-separated steps to skip: {', '.join(STEPS)}")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the job; returns the process exit status (0 ok, 2 user-actionable error, 1 unexpected)."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    started_here = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
-    spark = SparkSession.builder.appName(f"pglogical-maintain {args.slot}").getOrCreate()
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    try:
-        config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix)
-        skip = [s.strip() for s in args.skip.split(",") if s.strip()]
-        results = maintain(
-            spark, config, args.slot, keep_cuts=args.keep_cuts,
-            older_than=timedelta(hours=args.older_than_hours), skip=skip,
-        )  # fmt: skip
-        for result in results:
-            print(json.dumps(asdict(result)))
-        return 0
-    except PgLogicalError as exc:
-        print(f"maintain_lake: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception:
-        print(f"maintain_lake: unexpected failure:\n{traceback.format_exc()}", file=sys.stderr)
-        return 1
-    finally:
-        if started_here:
-            spark.stop()
+    return run_job(parser, _run, argv)
 
 
 if __name__ == "__main__":

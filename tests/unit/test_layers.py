@@ -15,6 +15,7 @@ import airflow_provider_pglogical
 
 # Modules that run under spark-submit, or subclass the Spark provider's operator (the `spark` extra).
 SPARK_SIDE = ("airflow_provider_pglogical.spark.", "airflow_provider_pglogical.operators.spark_apply",
+              "airflow_provider_pglogical.operators.lake_job",
               "airflow_provider_pglogical.operators.maintenance")  # fmt: skip
 
 BLOCKER = """
