@@ -1,0 +1,114 @@
+"""The lake's vocabulary (lake.py), its pyiceberg translation (lake_catalog.py) and its connection hook."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_pglogical import lake
+from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook, connection_json
+from airflow_provider_pglogical.lake import LakeConfig, LakeConfigError, local_lake
+from airflow_provider_pglogical.lake_catalog import LakeCatalogError, pyiceberg_properties, sqlalchemy_url
+from airflow_provider_pglogical.lsn import Lsn
+
+
+def pipeline(applied: str, base: str = "0/10", batch: str = "b") -> dict[str, str]:
+    return {lake.APPLIED_END_LSN: applied, lake.BASE_LSN: base, lake.BATCH_ID: batch, lake.SLOT: "s"}
+
+
+MAINTENANCE: dict[str, str] = {"added-data-files": "1"}  # a compaction: no pipeline keys
+
+
+def test_namespaces_keep_one_level_whatever_the_schema_name() -> None:
+    config = LakeConfig(namespace_prefix="pg_")
+    assert config.identifier("My Schema", "v1.2 sales%") == ("pg_My Schema", "v1.2 sales%")
+    assert config.namespace("a.b%c") == "pg_a%2Eb%25c"
+    assert config.changelog_identifier("public", "t") == ("pg_public", "t__pgl_changelog")
+
+
+def test_spark_conf_registers_the_catalog_with_its_properties() -> None:
+    conf = local_lake("/data/lake").spark_conf()
+    assert conf["spark.sql.catalog.lake"] == lake.SPARK_CATALOG_CLASS
+    assert conf["spark.sql.catalog.lake.uri"] == "jdbc:sqlite:/data/lake/catalog.db"
+    assert conf["spark.sql.catalog.lake.jdbc.schema-version"] == "V1"
+    assert conf["spark.sql.catalog.lake.cache-enabled"] == "false"
+    assert conf["spark.sql.extensions"] == lake.SPARK_EXTENSIONS
+
+
+@pytest.mark.parametrize("name", ["", "my-lake", "lake.x", "la ke"])
+def test_catalog_names_spark_cannot_key_are_refused(name: str) -> None:
+    with pytest.raises(LakeConfigError, match="letters, digits and underscores"):
+        LakeConfig(catalog=name)
+
+
+def test_config_round_trips_and_rejects_unknown_settings() -> None:
+    config = LakeConfig("lake", {"type": "rest", "uri": "http://x"}, "p_")
+    assert LakeConfig.from_json(config.to_json()) == config
+    with pytest.raises(LakeConfigError, match="unknown lake setting"):
+        LakeConfig.from_mapping({"catalog": "lake", "warehouse": "/x"})
+    with pytest.raises(LakeConfigError, match="not valid JSON"):
+        LakeConfig.from_json("{")
+
+
+def test_tags_name_the_lsn_and_sort_by_it() -> None:
+    assert lake.tag_name(Lsn.parse("1/A2B3C4D5")) == "pgl_00000001A2B3C4D5"
+    assert lake.tag_lsn("pgl_00000001A2B3C4D5") == Lsn.parse("1/A2B3C4D5")
+    assert lake.tag_lsn("main") is None and lake.tag_lsn("pgl_xyz") is None
+
+
+def test_state_is_the_newest_pipeline_commit_past_maintenance() -> None:
+    history = [(3, MAINTENANCE), (2, pipeline("0/30", batch="b2")), (1, pipeline("0/20", batch="b1"))]
+    state = lake.state_of(history)
+    assert state is not None and (state.snapshot_id, state.applied_end_lsn, state.batch_id) == (
+        2,
+        Lsn(0x30),
+        "b2",
+    )
+    assert lake.state_of([(1, MAINTENANCE)]) is None
+
+
+def test_snapshot_at_an_lsn_is_the_newest_one_applied_up_to_it() -> None:
+    # newest first: a compaction of batch 0/30, batch 0/30, a compaction of 0/20, batch 0/20
+    history = [(4, MAINTENANCE), (3, pipeline("0/30")), (2, MAINTENANCE), (1, pipeline("0/20"))]
+    assert lake.snapshot_at(history, Lsn(0x30)) == 4
+    assert lake.snapshot_at(history, Lsn(0x2F)) == 2  # the table between the batches: 0/20 compacted
+    assert lake.snapshot_at(history, Lsn(0x20)) == 2
+    assert lake.snapshot_at(history, Lsn(0x1F)) is None  # no pipeline commit yet
+
+
+def test_batch_committed_matches_slot_and_batch() -> None:
+    history = [(1, pipeline("0/20", batch="b1"))]
+    assert lake.batch_committed(history, "s", "b1")
+    assert not lake.batch_committed(history, "other", "b1") and not lake.batch_committed(history, "s", "b2")
+
+
+def test_jdbc_catalogs_translate_to_sqlalchemy_for_pyiceberg() -> None:
+    props = pyiceberg_properties(local_lake("/data/lake"))
+    assert props == {
+        "type": "sql",
+        "uri": "sqlite:////data/lake/catalog.db",
+        "warehouse": "file:///data/lake/warehouse",
+    }
+    url = sqlalchemy_url("jdbc:postgresql://db:5432/iceberg?sslmode=require", "ice berg", "p@ss:/w")
+    assert url == "postgresql+psycopg2://ice%20berg:p%40ss%3A%2Fw@db:5432/iceberg?sslmode=require"
+
+
+def test_catalogs_pyiceberg_cannot_open_are_named() -> None:
+    with pytest.raises(LakeCatalogError, match="Hadoop catalog has no pyiceberg client"):
+        pyiceberg_properties(LakeConfig("lake", {"type": "hadoop", "warehouse": "/w"}))
+    with pytest.raises(LakeCatalogError, match="neither jdbc:sqlite: nor jdbc:postgresql:"):
+        pyiceberg_properties(LakeConfig("lake", {"type": "jdbc", "uri": "jdbc:mysql://db/x"}))
+    assert pyiceberg_properties(LakeConfig("lake", {"type": "rest", "uri": "http://c"}))["type"] == "rest"
+
+
+def test_the_connection_password_becomes_the_catalog_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = LakeConfig("lake", {"type": "jdbc", "uri": "jdbc:postgresql://db/ice"})
+    conn = json.loads(connection_json(config)) | {"login": "ice", "password": "s3cret"}
+    monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn))
+    got = PgLogicalLakeHook("test_lake").get_conn()
+    assert got.properties["jdbc.user"] == "ice" and got.properties["jdbc.password"] == "s3cret"
+    conn["extra"]["properties"]["type"] = "glue"
+    monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn))
+    with pytest.raises(LakeConfigError, match="takes its credentials as properties"):
+        PgLogicalLakeHook("test_lake").get_conn()
