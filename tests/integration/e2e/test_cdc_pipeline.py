@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from e2e_support import make_lake, spark_apply
+from e2e_support import lake_state, make_lake, spark_apply
 
 from airflow_provider_pglogical.demo_shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
@@ -87,6 +87,19 @@ def test_snapshot_batches_and_crashes_end_equal(
     cut = latest_cut(lake, SLOT)
     assert cut is not None and cut.lsn == acked
     assert set(cut.snapshots) == {lake.identifier(*t.split(".", 1)) for t in TABLES}
+
+    # Maintenance: compaction, one cut kept, acknowledged staging removed; the pipeline goes on.
+    states = {t: lake_state(lake, t) for t in TABLES}
+    sandbox.dags_test(
+        "pglogical_lake_maintenance",
+        {**conf, "keep_cuts": 1, "older_than_hours": 1, "staging_retention_hours": 0},
+    ).check()
+    assert {t: lake_state(lake, t) for t in TABLES} == states
+    assert not [p for p in (staging / SLOT).iterdir() if p.name.startswith("batch-")]
+    shop.step()
+    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    results = compare_tables(dsn, [PUBLICATION], lake)
+    assert all(r.equal for r in results), format_report(results)
 
 
 def assert_changelog_exactly_once(lake: LakeConfig, staging: Path) -> None:
