@@ -4,19 +4,22 @@ Every expectation comes from one source history (``Source``): the initial rows a
 change, as the WAL holds them. A re-snapshot at S holds the source's rows at S, and whatever
 order the loads and batches run in, the target must hold the source's rows at its applied end.
 Batches are staged under the drain's ids (``batch-<start LSN hex16>``), which the catch-up's
-changelog pruning parses.
+changelog pruning parses. Crashes and races are made with real Iceberg commits.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from iceberg_support import LakeReader, competing_writer
+from pyspark.errors import IllegalArgumentException
 from pyspark.sql import SparkSession
 from spark_staging import (
     ORDERS,
@@ -28,14 +31,17 @@ from spark_staging import (
     changes_of,
     dele,
     ins,
-    lsn_text,
     model_apply,
     rows_of,
     trunc,
     upd,
 )
 
+from airflow_provider_pglogical.lake import LakeConfig, local_lake, tag_name
+from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.spark import apply_batch as job
+from airflow_provider_pglogical.spark import iceberg
+from airflow_provider_pglogical.spark.session import register_lake
 
 # ALTER TABLE orders ADD COLUMN note text
 NOTED = TableDef("public", "orders", [*ORDERS.columns, ("note", pa.string())], ["id"])
@@ -71,14 +77,12 @@ class Source:
         return table
 
 
-class Lake:
-    """A staging root (batches named like the drain names them) and a target root."""
+class Lake(LakeReader):
+    """A staging root (batches named like the drain names them) and an Iceberg lake."""
 
-    def __init__(self, spark: SparkSession, tmp: Path) -> None:
-        self.spark = spark
+    def __init__(self, spark: SparkSession, config: LakeConfig, tmp: Path) -> None:
+        super().__init__(spark, config)
         self.stager = Stager(tmp / "staging")
-        self.target = str(tmp / "lake")
-        self.storage = job.Storage(spark)
 
     def snapshot(self, lsn: int, tables: list[tuple[TableDef, Table]]) -> str:
         return self.stager.snapshot(lsn, [(tdef, list(rows.values())) for tdef, rows in tables])
@@ -94,37 +98,43 @@ class Lake:
 
     def apply(self, manifest: str) -> list[tuple[str, int]]:
         """Apply a manifest; returns (status, changes) per table."""
-        results = job.apply_manifest(self.spark, manifest, self.target, rows_per_range=4)
+        results = job.apply_manifest(self.spark, manifest, self.config)
         return [(r.status, r.changes) for r in results]
 
-    def rows(self, tdef: TableDef = ORDERS) -> list[tuple[Any, ...]]:
-        df = job.read_table(self.spark, self.target, tdef.schema, tdef.table)
-        return sorted((tuple(r[n] for n in tdef.names) for r in df.collect()), key=repr)
+    def rows(
+        self, tdef: TableDef = ORDERS, names: list[str] | None = None, *, tag: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        return super().rows(tdef, names, tag=tag)
 
-    def state(self, tdef: TableDef = ORDERS) -> job.TableState:
-        state = job.read_state(self.storage, f"{self.target}/{tdef.dirname}")
-        assert state is not None
-        return state
-
-    def state_files(self, tdef: TableDef = ORDERS) -> list[str]:
-        return self.storage.list_names(f"{self.target}/{tdef.dirname}/_state")
-
-    def ledger(self, manifest: str) -> list[tuple[str, str]]:
-        batch_id = Path(manifest).parent.name
-        return sorted(
-            (r["table"], r["kind"]) for r in job.read_ledger(self.storage, self.target, "slot1", batch_id)
-        )
+    def pipeline_commits(self, tdef: TableDef = ORDERS) -> list[tuple[str, str, str]]:
+        """(batch id, base LSN, applied end LSN) of every pipeline commit, oldest first."""
+        return [
+            (summary["pgl.batch-id"], summary["pgl.base-lsn"], summary["pgl.applied-end-lsn"])
+            for _, _, summary in self.snapshots(tdef)
+            if "pgl.applied-end-lsn" in summary
+        ]
 
 
 def expected(table: Table, tdef: TableDef = ORDERS) -> list[tuple[Any, ...]]:
     return rows_of(table, tdef.names)
 
 
+def lsn(value: int) -> Lsn:
+    return Lsn(value)
+
+
 @pytest.fixture
-def lake(spark: SparkSession, tmp_path: Path) -> Lake:
-    return Lake(spark, tmp_path)
+def lake(spark: SparkSession, lake_config: LakeConfig, tmp_path: Path) -> Lake:
+    return Lake(spark, lake_config, tmp_path)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=IllegalArgumentException,
+    reason="bug: a batch adding a column to a table whose changelog exists fails: IcebergTables.append "
+    "(writeTo(...).option('mergeSchema').append()) adds the column after _pgl_batch_id while the frame "
+    "has it before the _pgl_* columns -> 'note is out of order, before _pgl_batch_id'",
+)
 def test_resnapshot_loaded_after_later_batches_replays_their_changes(
     lake: Lake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -159,31 +169,31 @@ def test_resnapshot_loaded_after_later_batches_replays_their_changes(
         ins(s + 600, 0, **_row(5, "again", note="z")),  # re-insert of a key deleted below s
     ]
     b2 = lake.batch(e1, e2, src.parts(below + at_and_above, (NOTED, with_note)))
-    real_write_ledger = job.write_ledger
 
-    def crash_before_ledger(*args: Any) -> None:
-        raise RuntimeError("driver lost after the switch, before the ledger")
+    def crash_before_the_cut(self: job.ApplyJob) -> None:
+        raise RuntimeError("driver lost after the commit, before the cut was tagged")
 
-    monkeypatch.setattr(job, "write_ledger", crash_before_ledger)
+    monkeypatch.setattr(job.ApplyJob, "_tag_cut", crash_before_the_cut)
     with pytest.raises(RuntimeError):
-        lake.apply(b2)  # orders switched to e2, b2 not in the ledger: its retry comes later
-    monkeypatch.setattr(job, "write_ledger", real_write_ledger)
+        lake.apply(b2)  # orders committed at e2, no cut: its retry comes later
+    monkeypatch.undo()
     assert lake.rows(NOTED) == expected(src.at(e2), NOTED)
+    assert not lake.has_cut(ORDERS, e2)
 
     resnap = lake.snapshot(s, [(ORDERS, src.at(s))])
     replayed = len(at_and_above) + len(with_note)
     assert lake.apply(resnap) == [("loaded", replayed)]  # only b2's changes at or above s
     assert lake.rows(NOTED) == expected(src.at(e2), NOTED)
-    state = lake.state()
-    assert (state.base_lsn, state.snapshot_id) == (lsn_text(s), f"snapshot-{s:016X}")
-    assert (state.applied_end_lsn, state.applied_batch_id) == (lsn_text(e2), f"batch-{e1:016X}")
-    assert [f.name for f in state.struct.fields] == NOTED.names  # nothing but the table's columns
-    assert lake.ledger(resnap) == [("public.orders", "snapshot")]
+    state = lake.state(ORDERS)
+    assert (state.base_lsn, state.batch_id, state.kind) == (lsn(s), f"snapshot-{s:016X}", "snapshot")
+    assert state.applied_end_lsn == lsn(e2)
+    assert (f"batch-{e1:016X}", str(lsn(S0)), str(lsn(e2))) in lake.pipeline_commits()  # b2's commit
+    assert lake.columns(ORDERS) == NOTED.names  # nothing but the table's columns
 
-    version = state.version
+    committed = lake.current(ORDERS)
     assert lake.apply(b2) == [("skipped", 0)]  # the retry: b2 ends at the applied end
-    assert lake.state().version == version
-    assert lake.ledger(b2) == [("public.orders", "batch")]
+    assert lake.current(ORDERS) == committed
+    assert lake.rows(NOTED, tag=tag_name(lsn(e2))) == expected(src.at(e2), NOTED)  # the retry tagged it
     b3 = lake.batch(
         e2,
         e3,
@@ -211,26 +221,26 @@ def test_catch_up_replays_a_truncate_and_ignores_a_crashed_batch(
     lake.apply(lake.batch(e1, e2, src.parts(b2_changes)))
     at_e2 = src.at(e2)
     b3 = lake.batch(e2, e3, src.parts([dele(e2 + 100, 0, id=31), ins(e2 + 200, 0, **_row(32, "b3"))]))
-    real_write_state = job.write_state
 
-    def crash_at_switch(*args: Any) -> None:
-        raise RuntimeError("driver killed before the state switch")
+    def crash_at_merge(self: iceberg.IcebergTables, sql: str, summary: Any) -> None:
+        raise RuntimeError("driver killed before the merge committed")
 
-    monkeypatch.setattr(job, "write_state", crash_at_switch)
+    monkeypatch.setattr(iceberg.IcebergTables, "merge", crash_at_merge)
     with pytest.raises(RuntimeError):
-        lake.apply(b3)  # b3's changelog and range files are written, its state is not
-    monkeypatch.setattr(job, "write_state", real_write_state)
-    assert (
-        lake.spark.read.parquet(f"{lake.target}/_changelog/public.orders/batch_id=batch-{e2:016X}").count()
-        == 2
-    )
+        lake.apply(b3)  # b3's changelog is appended, its merge is not committed
+    monkeypatch.undo()
+    assert [c for c in lake.changelog(ORDERS) if c[2] == f"batch-{e2:016X}"] == [
+        (e2 + 100, 0, f"batch-{e2:016X}"),
+        (e2 + 200, 0, f"batch-{e2:016X}"),
+    ]
 
     assert lake.apply(lake.snapshot(s, [(ORDERS, src.at(s))])) == [("loaded", 5)]
     assert lake.rows() == expected(at_e2)  # the TRUNCATE replayed, b3's logged changes not
     assert sorted(r[0] for r in lake.rows()) == [3, 31]
-    assert lake.state().applied_end_lsn == lsn_text(e2)
+    assert lake.state(ORDERS).applied_end_lsn == lsn(e2)
     assert lake.apply(b3) == [("applied", 2)]
     assert lake.rows() == expected(src.at(e3))
+    assert len(lake.changelog(ORDERS)) == 1 + len(b2_changes) + 2  # b3's changes logged once
 
 
 def test_a_snapshot_not_newer_than_the_base_lsn_is_skipped(
@@ -238,38 +248,60 @@ def test_a_snapshot_not_newer_than_the_base_lsn_is_skipped(
 ) -> None:
     items = {(1,): {"id": 1, "name": "a"}}
     initial = lake.snapshot(S0, [(ORDERS, {(i,): _row(i) for i in range(8)}), (ITEMS, items)])
-    real_load = job.load_snapshot_table
+    real_load = job.ApplyJob.load_snapshot_table
 
-    def crash_on_items(*args: Any) -> job.TableResult:
-        if args[3].table == "items":
+    def crash_on_items(self: job.ApplyJob, spec: Any) -> job.TableResult:
+        if spec.table == "items":
             raise RuntimeError("executor lost")
-        return real_load(*args)
+        return real_load(self, spec)
 
-    monkeypatch.setattr(job, "load_snapshot_table", crash_on_items)
+    monkeypatch.setattr(job.ApplyJob, "load_snapshot_table", crash_on_items)
     with pytest.raises(RuntimeError):
-        lake.apply(initial)  # orders loaded at S0, items not, no ledger
-    monkeypatch.setattr(job, "load_snapshot_table", real_load)
+        lake.apply(initial)  # orders loaded at S0, items not, no cut
+    monkeypatch.undo()
+    assert not lake.has_cut(ORDERS, S0)
     s1, s2 = S0 + 1000, S0 + 2000
     newer = {(i,): _row(i, "s2") for i in range(3, 12)}
     older = lake.snapshot(s1, [(ORDERS, {(i,): _row(i, "s1") for i in range(5)})])  # its load runs late
     assert lake.apply(lake.snapshot(s2, [(ORDERS, newer)])) == [("loaded", 0)]
-    version = lake.state().version
+    committed = lake.current(ORDERS)
 
     assert lake.apply(older) == [("skipped", 0)]
-    assert lake.ledger(older) == [("public.orders", "snapshot")]
+    assert lake.current(ORDERS) == committed
+    assert lake.state(ORDERS).applied_end_lsn >= lsn(s1)  # done as far as the ack is concerned
     assert lake.apply(initial) == [("skipped", 0), ("loaded", 0)]  # the retried initial load
-    assert lake.ledger(initial) == [("public.items", "snapshot"), ("public.orders", "snapshot")]
+    assert lake.state(ITEMS).applied_end_lsn == lsn(S0)
     assert lake.rows() == expected(newer)
-    state = lake.state()
-    assert (state.version, state.base_lsn, state.applied_end_lsn) == (version, lsn_text(s2), lsn_text(s2))
+    state = lake.state(ORDERS)
+    assert lake.current(ORDERS) == committed
+    assert (state.base_lsn, state.applied_end_lsn) == (lsn(s2), lsn(s2))
     assert lake.rows(ITEMS) == [(1, "a")]
 
 
-@pytest.mark.parametrize("loser", ["batch", "snapshot"])
+@pytest.mark.parametrize(
+    "loser",
+    [
+        pytest.param(
+            "batch",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="bug: a MERGE is not validated against the snapshot the batch read its state from: a "
+                "re-snapshot load committed in between is not a conflict, the batch re-applies its changes "
+                "below the new base LSN and records the stale base LSN (state base 0/10000000, not s)",
+            ),
+        ),
+        "snapshot",
+    ],
+)
 def test_racing_batch_and_resnapshot_load_both_land(
     lake: Lake, monkeypatch: pytest.MonkeyPatch, loser: str
 ) -> None:
-    """The loser publishes last: its state version was taken, so it redoes the table from the winner's."""
+    """A real race: the other job commits between the loser's read of the table and its commit.
+
+    The loser's commit must fail Iceberg's optimistic-concurrency check and be redone from the
+    winner's state by the job's retry loop.
+    """
     src = Source(ORDERS, [_row(i) for i in range(12)])
     lake.apply(lake.snapshot(S0, [(ORDERS, src.at(S0))]))
     e1, s, e2 = S0 + 1000, S0 + 2000, S0 + 3000
@@ -285,78 +317,88 @@ def test_racing_batch_and_resnapshot_load_both_land(
     b2 = lake.batch(e1, e2, src.parts(b2_changes))
     resnap = lake.snapshot(s, [(ORDERS, src.at(s))])
     first, other = (b2, resnap) if loser == "batch" else (resnap, b2)
-    real_write_state = job.write_state
+    method = "merge" if loser == "batch" else "overwrite"
+    real = getattr(iceberg.IcebergTables, method)
     events: list[str] = []
 
-    def racing(storage: job.Storage, root: str, state: job.TableState) -> None:
-        if not events:  # the loser is about to publish: the other job runs and publishes first
+    def racing(self: iceberg.IcebergTables, *args: Any) -> None:
+        if not events:  # the loser is about to commit: the other job runs and commits first
             events.append("raced")
             lake.apply(other)
         try:
-            real_write_state(storage, root, state)
-        except job.ConcurrentWriteError:
-            events.append("conflict")
+            real(self, *args)
+        except Exception as exc:
+            if iceberg.is_conflict(exc):
+                events.append("conflict")
             raise
 
-    monkeypatch.setattr(job, "write_state", racing)
+    monkeypatch.setattr(iceberg.IcebergTables, method, racing)
     assert lake.apply(first) == [("applied" if loser == "batch" else "loaded", 4)]  # the changes >= s
     assert events == ["raced", "conflict"]
+    monkeypatch.undo()
     assert lake.rows() == expected(src.at(e2))
-    assert lake.ledger(b2) == [("public.orders", "batch")]
-    assert lake.ledger(resnap) == [("public.orders", "snapshot")]
-    state = lake.state()
-    assert (state.base_lsn, state.applied_end_lsn) == (lsn_text(s), lsn_text(e2))
-    assert lake.state_files() == [f"{v:020d}.json" for v in (1, 2, 3, 4)]  # no gap, no leftover
+    state = lake.state(ORDERS)
+    assert (state.base_lsn, state.applied_end_lsn) == (lsn(s), lsn(e2))  # both jobs' work is in
+    # S0 load, b1, the winner, the redone loser: no lost commit left behind, nothing twice.
+    assert len(lake.pipeline_commits()) == 4
+    assert lake.rows(tag=tag_name(lsn(e2))) == expected(src.at(e2))
 
 
 def test_a_table_lost_on_every_attempt_names_the_pool_advice(
     lake: Lake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Another writer commits to the table during every attempt's MERGE: the job gives up cleanly.
+
+    The competitor must commit between the MERGE's planning (which pins the snapshot it validates
+    from) and its commit, so it runs inside the MERGE: a filter on the merge source, evaluated by a
+    Python worker, commits through pyiceberg (a row under the batch's key in, then out again).
+    """
     rows = {(i,): _row(i) for i in range(6)}
     lake.apply(lake.snapshot(S0, [(ORDERS, rows)]))
+    before = lake.state(ORDERS)
     b1 = lake.batch(S0, S0 + 500, [[ins(S0 + 100, 0, **_row(9))]])
-    real_write_state = job.write_state
+    real_merge, real_view = iceberg.IcebergTables.merge, job.temp_view
     attempts: list[int] = []
+    competitor = competing_writer(lake.config, lake.config.identifier(ORDERS.schema, ORDERS.table), key=9)
 
-    def always_second(storage: job.Storage, root: str, state: job.TableState) -> None:
-        attempts.append(state.version)
-        winner = job.read_state(storage, root)  # another job publishes the same version first
-        assert winner is not None
-        real_write_state(storage, root, winner)
-        real_write_state(storage, root, state)
+    def counted(self: iceberg.IcebergTables, sql: str, summary: Any) -> None:
+        attempts.append(lake.current(ORDERS)[1])
+        real_merge(self, sql, summary)
 
-    monkeypatch.setattr(job, "write_state", always_second)
+    monkeypatch.setattr(iceberg.IcebergTables, "merge", counted)
+    monkeypatch.setattr(job, "temp_view", lambda df: real_view(df.where(competitor)))
     n = job.CONFLICT_ATTEMPTS
     with pytest.raises(
-        job.ConcurrentWriteError,
-        match=rf"public\.orders: lost the race for its state {n} times .*one Airflow pool",
+        iceberg.ConcurrentWriteError,
+        match=rf"public\.orders: another writer committed the table first {n} times .*one Airflow pool",
     ):
         lake.apply(b1)
-    assert attempts == list(range(1, n + 1))  # each attempt started from the newest state
-    assert lake.ledger(b1) == []
+    monkeypatch.undo()
+    # each attempt started from the newest table: the competitor's two commits of the previous one
+    assert attempts == [attempts[0] + 2 * i for i in range(n)]
+    assert lake.state(ORDERS) == before  # nothing of the batch recorded
     assert lake.rows() == expected(rows)
-    assert lake.state().applied_end_lsn == lsn_text(S0)
+    assert not lake.has_cut(ORDERS, S0 + 500)
 
 
-def test_resnapshot_keeps_the_applied_end_of_a_table_without_changelog(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def test_resnapshot_keeps_the_applied_end_of_a_table_without_changelog(lake: Lake) -> None:
     """A batch listing orders without files advances its applied end but logs nothing for it."""
     simple = TableDef("public", "orders", [("id", pa.int64()), ("name", pa.string())], ["id"])
-    stager, target = Stager(tmp_path / "staging"), str(tmp_path / "lake")
     rows = [{"id": i, "name": f"n{i}"} for i in range(3)]
-    job.apply_manifest(spark, stager.snapshot(S0, [(simple, rows), (ITEMS, rows)]), target)
+    job.apply_manifest(lake.spark, lake.stager.snapshot(S0, [(simple, rows), (ITEMS, rows)]), lake.config)
     e1 = S0 + 1000
-    b1 = stager.batch(S0, e1, [(simple, []), (ITEMS, [[ins(S0 + 100, 0, id=9, name="x")]])])
-    job.apply_manifest(spark, b1, target)
+    b1 = lake.stager.batch(S0, e1, [(simple, []), (ITEMS, [[ins(S0 + 100, 0, id=9, name="x")]])])
+    job.apply_manifest(lake.spark, b1, lake.config)
+    assert lake.state(simple).applied_end_lsn == lsn(e1)
     s = S0 + 500
-    job.apply_manifest(spark, stager.snapshot(s, [(simple, rows)]), target)
-    state = job.read_state(job.Storage(spark), f"{target}/public.orders")
-    assert state is not None
-    assert (state.base_lsn, state.applied_end_lsn) == (lsn_text(s), lsn_text(e1))  # not moved back to s
+    job.apply_manifest(lake.spark, lake.stager.snapshot(s, [(simple, rows)]), lake.config)
+    state = lake.state(simple)
+    assert (state.base_lsn, state.applied_end_lsn) == (lsn(s), lsn(e1))  # not moved back to s
 
 
-def test_a_type_change_below_the_base_does_not_block_the_batch(spark: SparkSession, tmp_path: Path) -> None:
+def test_a_type_change_below_the_base_does_not_block_the_batch(
+    lake: Lake, spark: SparkSession, tmp_path: Path
+) -> None:
     """ALTER TYPE, then a re-snapshot, inside one batch: the old-typed part holds only skipped changes.
 
     The job's own advice for a type change is to re-snapshot the table; the batch spanning both
@@ -364,15 +406,17 @@ def test_a_type_change_below_the_base_does_not_block_the_batch(spark: SparkSessi
     """
     named = TableDef("public", "orders", [("id", pa.int64()), ("name", pa.string())], ["id"])
     retyped = TableDef("public", "orders", [("id", pa.int64()), ("name", pa.int32())], ["id"])
-    stager, target = Stager(tmp_path / "staging"), str(tmp_path / "lake")
-    job.apply_manifest(spark, stager.snapshot(S0, [(named, [{"id": 1, "name": "a"}])]), target)
+    stager = lake.stager
+    job.apply_manifest(spark, stager.snapshot(S0, [(named, [{"id": 1, "name": "a"}])]), lake.config)
     s = S0 + 2000
-    job.apply_manifest(spark, stager.snapshot(s, [(retyped, [{"id": 1, "name": 7}])]), target)
+    job.apply_manifest(spark, stager.snapshot(s, [(retyped, [{"id": 1, "name": 7}])]), lake.config)
     parts = [(named, [upd(S0 + 100, 0, id=1, name="b")]), (retyped, [upd(s + 100, 0, id=1, name=8)])]
-    job.apply_manifest(spark, stager.batch(S0, s + 1000, [(retyped, parts)]), target)
-    assert [tuple(r) for r in job.read_table(spark, target, "public", "orders").collect()] == [(1, 8)]
+    job.apply_manifest(spark, stager.batch(S0, s + 1000, [(retyped, parts)]), lake.config)
+    assert lake.rows(retyped) == [(1, 8)]
     # Without the re-snapshot the same conflict is the user's to resolve, with the advice.
-    fresh = str(tmp_path / "lake2")
+    (tmp_path / "lake2").mkdir()
+    fresh = local_lake(str(tmp_path / "lake2"), catalog=f"lake_{uuid.uuid4().hex[:8]}")
+    register_lake(spark, fresh)
     job.apply_manifest(spark, stager.snapshot(S0, [(named, [{"id": 1, "name": "a"}])]), fresh)
-    with pytest.raises(job.SchemaConflictError, match="re-snapshot the table"):
+    with pytest.raises(iceberg.SchemaConflictError, match="re-snapshot the table"):
         job.apply_manifest(spark, stager.batch(S0, s + 2000, [(retyped, parts)]), fresh)
