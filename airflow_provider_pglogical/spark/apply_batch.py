@@ -107,6 +107,11 @@ def conform(df: DataFrame, schema: StructType) -> DataFrame:
     )
 
 
+def _snapshot_id(table: Any) -> int | None:
+    snapshot = table.currentSnapshot()
+    return int(snapshot.snapshotId()) if snapshot is not None else None
+
+
 def _rows(table: Any) -> int:
     snapshot = table.currentSnapshot() if table is not None else None
     return int(snapshot.summary().get("total-records") or 0) if snapshot is not None else 0
@@ -170,7 +175,9 @@ class ApplyJob:
         if table is None:
             self.tables.create(identifier, rows, summary, self.manifest.slot)
         else:
-            self.tables.replace_column_types(identifier, _table_columns(rows))
+            retyped = self.tables.replace_column_types(identifier, _table_columns(rows))
+            changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
+            self.tables.retire_changelog_columns(changelog, retyped, f"__pgl_before_{int(point):016X}")
             self.tables.evolve(identifier, _table_columns(rows))
             current = table.currentSnapshot()  # as read above: a commit since then makes this one fail
             read_snapshot = int(current.snapshotId()) if current is not None else None
@@ -214,10 +221,13 @@ class ApplyJob:
     def apply_batch_table(self, spec: TableManifest) -> TableResult:
         """Merge one table's changes of a batch in one commit, after appending them to its changelog.
 
-        The changelog append and the merge each check the table's history first, so a re-run after
-        a crash between them does neither twice. Changes below the table's base LSN are already in
-        its snapshot and are skipped: a snapshot at consistent point S holds exactly the
-        transactions whose commit record starts below S.
+        The schema is evolved first (a refused type change leaves no trace), then the changelog is
+        appended and the merge made; each checks the table's history first, so a re-run after a
+        crash between them does neither twice. The merge goes to a branch opened at the snapshot
+        the state was read from and main is fast-forwarded to it: a commit made since (a racing
+        load) makes the step redo. Changes below the table's base LSN are already in its snapshot
+        and are skipped: a snapshot at consistent point S holds exactly the transactions whose
+        commit record starts below S.
         """
         started = time.monotonic()
         identifier = self.tables.config.identifier(spec.schema, spec.table)
@@ -230,11 +240,10 @@ class ApplyJob:
         staged = self._live_changes(spec, base)
         if staged is None:
             if table is not None:
-                self.tables.record(table, self.summary(base, end))
+                self.tables.record(table, self.summary(base, end), _snapshot_id(table))
             return TableResult(spec.qualified, "applied")
         changes = staged.where(sf.col(COMMIT_LSN) >= int(base)).localCheckpoint()
         count = changes.count()
-        self._append_changelog(spec, changes)
         columns = _table_columns(changes)
         if table is None:
             log.warning(
@@ -242,20 +251,26 @@ class ApplyJob:
             )
             empty = self.spark.createDataFrame([], StructType(columns))
             self.tables.create(identifier, empty, self.summary(ZERO, ZERO), self.manifest.slot)
+            table = self.tables.java_table(identifier)
+        read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
         self.tables.evolve(identifier, columns)
-        name = self.tables.name(identifier)
+        self._append_changelog(spec, changes)
+        target = self.tables.name(identifier)
+        if read_snapshot is not None:
+            self.tables.open_branch(table, read_snapshot)
+            target = self.tables.branch_name(identifier)
         keys = key_columns(spec, [c.name for c in columns])
-        net = net_effect(changes, columns, keys, self.spark.table(name))
+        net = net_effect(changes, columns, keys, self.spark.table(target))
         rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
         schema = self.tables.schema(identifier)
         bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
-        sql = _merge_sql(name, temp_view(rows), schema, columns, keys, net.truncated, bounds)
+        sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
         self.tables.merge(sql, self.summary(base, end))
-        merged = self.tables.java_table(identifier)
-        after = self.tables.state(merged)
+        if read_snapshot is not None:
+            self.tables.publish_branch(identifier)
+        after = self.tables.state(self.tables.java_table(identifier))
         if after is None or after.applied_end_lsn < end:  # the merge changed no file: no snapshot
-            fresh_base = after.base_lsn if after is not None else base
-            self.tables.record(merged, self.summary(fresh_base, end))
+            self.tables.record(self.tables.java_table(identifier), self.summary(base, end), read_snapshot)
         log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, time.monotonic() - started)
         return TableResult(spec.qualified, "applied", count, seconds=time.monotonic() - started)
 
@@ -322,8 +337,18 @@ class ApplyJob:
             ) from exc
 
     def _tag_cut(self) -> None:
-        """Tag the cut once every table of the manifest holds the batch (a partial run does not)."""
+        """Tag the cut once every table of the manifest holds the batch (a partial run does not).
+
+        A cut is a position of the slot's stream: a batch's end, or the consistent point of a
+        snapshot the slot itself exported (initial, recovery). A re-snapshot's point (a temporary
+        slot's) falls inside some batch, where no table snapshot holds the source: no tag there.
+        """
         m = self.manifest
+        if m.kind == "snapshot" and m.snapshot_slot not in (None, m.slot):
+            log.info(
+                "re-snapshot %s from slot %s: no cut at its consistent point", m.batch_id, m.snapshot_slot
+            )
+            return
         for spec in m.tables:
             state = self.tables.state(
                 self.tables.java_table(self.tables.config.identifier(spec.schema, spec.table))

@@ -35,14 +35,22 @@ from airflow_provider_pglogical.errors import PgLogicalError
 from airflow_provider_pglogical.lake import LakeConfig, TableState
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import encode_name_part
+from airflow_provider_pglogical.spark.changes import OLD
 
 log = logging.getLogger("pglogical.apply")
 
 WRITE_MODES = ("merge-on-read", "copy-on-write")
 TARGET_FILE_BYTES = 64 << 20
+MERGE_BRANCH = "pgl_merge"
 # Exceptions of a commit that lost to another writer (or whose outcome is unknown): the table's
 # state is read again and the work redone, which is safe because every step checks that state.
-_CONFLICTS = ("ValidationException", "CommitFailedException", "CommitStateUnknownException")
+# Fast-forwarding main to the merge branch fails with an IllegalArgumentException when main moved.
+_CONFLICTS = (
+    "ValidationException",
+    "CommitFailedException",
+    "CommitStateUnknownException",
+    "Cannot fast-forward: main is not an ancestor",
+)
 _INTEGRAL: dict[type[DataType], int] = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
 _FLOATING: dict[type[DataType], int] = {FloatType: 4, DoubleType: 8}
 
@@ -231,8 +239,9 @@ class IcebergTables:
             update.commit()
             log.info("%s: schema evolved for %s", self.name(identifier), [f.name for f in incoming])
 
-    def replace_column_types(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> None:
-        """For a snapshot load: columns whose type cannot be promoted are dropped and re-added.
+    def replace_column_types(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> list[str]:
+        """For a snapshot load: columns whose type cannot be promoted are dropped (re-added by
+        :meth:`evolve` with the new type); returns their names.
 
         The load overwrites every row right after, so the column's old values are not needed;
         readers see the column empty between the two commits.
@@ -254,6 +263,24 @@ class IcebergTables:
             log.warning(
                 "%s: columns %s changed type; reloaded with the new type", self.name(identifier), stale
             )
+        return stale
+
+    def retire_changelog_columns(self, changelog: tuple[str, str], names: Sequence[str], suffix: str) -> None:
+        """Rename changelog columns (and their ``_pgl_old`` fields) whose type the source changed.
+
+        The changelog keeps its history under ``<name><suffix>``, and later batches append the
+        column again with its new type (Iceberg cannot change the type in place).
+        """
+        table = self.java_table(changelog)
+        if table is None or not names:
+            return
+        schema = table.schema()
+        update = table.updateSchema()
+        for name in names:
+            for path in (name, f"{OLD}.{name}"):
+                if schema.findField(path) is not None:
+                    update = update.renameColumn(path, name + suffix)
+        update.commit()
 
     def _iceberg_type(self, dtype: DataType) -> Any:
         jtype = self.spark._jsparkSession.parseDataType(dtype.json())
@@ -290,7 +317,8 @@ class IcebergTables:
 
     def append(self, identifier: tuple[str, str], rows: DataFrame, summary: Mapping[str, str]) -> None:
         """Append rows (the changelog), creating the table or adding new columns as needed."""
-        options = {**self._commit_options(summary), "mergeSchema": "true"}
+        # New columns land after the ``_pgl_*`` ones in the table: match by name, not position.
+        options = {**self._commit_options(summary), "mergeSchema": "true", "check-ordering": "false"}
         if self.java_table(identifier) is None:
             self.ensure_namespace(identifier[0])
             rows.writeTo(self.name(identifier)).using("iceberg").tableProperty(
@@ -298,6 +326,31 @@ class IcebergTables:
             ).tableProperty("write.spark.accept-any-schema", "true").options(**options).create()
         else:
             rows.writeTo(self.name(identifier)).options(**options).append()
+
+    def branch_name(self, identifier: tuple[str, str]) -> str:
+        """The table's merge branch as Spark SQL names it (``<table>.branch_<name>``)."""
+        return f"{self.name(identifier)}.{quote('branch_' + MERGE_BRANCH)}"
+
+    def open_branch(self, table: Any, snapshot_id: int) -> None:
+        """Point the merge branch at ``snapshot_id``: the snapshot the batch's state was read from.
+
+        A MERGE validates only against commits made after it planned; merging into this branch and
+        fast-forwarding main to it (:meth:`publish_branch`) also refuses commits made since the
+        state was read (a re-snapshot load in between would otherwise get the batch's old base LSN).
+        """
+        manage = table.manageSnapshots()
+        if table.refs().containsKey(MERGE_BRANCH):  # left by a crashed run
+            manage.replaceBranch(MERGE_BRANCH, snapshot_id).commit()
+        else:
+            manage.createBranch(MERGE_BRANCH, snapshot_id).commit()
+
+    def publish_branch(self, identifier: tuple[str, str]) -> None:
+        """Fast-forward main to the merge branch and remove it, in one commit.
+
+        Fails with Iceberg's ``ValidationException`` when main moved since the branch was opened.
+        """
+        table = self.java_table(identifier)
+        table.manageSnapshots().fastForwardBranch("main", MERGE_BRANCH).removeBranch(MERGE_BRANCH).commit()
 
     def merge(self, sql: str, summary: Mapping[str, str]) -> None:
         """Run a ``MERGE INTO`` whose commit carries ``summary`` in its snapshot (CommitMetadata)."""
@@ -313,17 +366,16 @@ class IcebergTables:
         if call.error is not None:
             raise call.error
 
-    def record(self, table: Any, summary: Mapping[str, str]) -> None:
+    def record(self, table: Any, summary: Mapping[str, str], read_snapshot: int | None) -> None:
         """An empty commit carrying ``summary``: a batch with nothing to write still moves the state.
 
-        It fails like a data commit if anyone committed data since ``table`` was read (a racing
-        load would otherwise have its base LSN overwritten by this older view).
+        It fails like a data commit if anyone committed data since ``read_snapshot``, the snapshot
+        the batch read its state from (a racing load would otherwise get this older view's base).
         """
-        current = table.currentSnapshot()
         expressions = self._jvm.org.apache.iceberg.expressions.Expressions
         commit = table.newOverwrite().conflictDetectionFilter(expressions.alwaysTrue())
-        if current is not None:
-            commit = commit.validateFromSnapshot(current.snapshotId())
+        if read_snapshot is not None:
+            commit = commit.validateFromSnapshot(read_snapshot)
         commit = commit.validateNoConflictingData().validateNoConflictingDeletes()
         for key, value in summary.items():
             commit = commit.set(key, value)
@@ -335,17 +387,18 @@ class IcebergTables:
         """Every data table of the lake that ``slot``'s pipeline owns (table property)."""
         prefix = encode_name_part(self.config.namespace_prefix)
         owned = []
-        for (namespace,) in self.spark.sql(f"SHOW NAMESPACES IN {quote(self.config.catalog)}").collect():
-            if not namespace.startswith(prefix):
+        # The catalog's own listing: names as they are (SHOW NAMESPACES quotes the ones needing it).
+        catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.config.catalog)
+        for levels in catalog.listNamespaces():
+            if len(levels) != 1 or not str(levels[0]).startswith(prefix):
                 continue
-            for row in self.spark.sql(
-                f"SHOW TABLES IN {quote(self.config.catalog)}.{quote(namespace)}"
-            ).collect():
-                if row.tableName.endswith(lake.CHANGELOG_SUFFIX):
+            for ident in catalog.listTables(levels):
+                name = str(ident.name())
+                if name.endswith(lake.CHANGELOG_SUFFIX):
                     continue
-                table = self.java_table((namespace, row.tableName))
+                table = self.java_table((str(levels[0]), name))
                 if table is not None and table.properties().get(lake.OWNER_PROPERTY) == slot:
-                    owned.append((namespace, row.tableName))
+                    owned.append((str(levels[0]), name))
         return owned
 
     def tag_cut(self, slot: str, end_lsn: Lsn) -> int:

@@ -16,8 +16,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from iceberg_support import LakeReader, pyiceberg_catalog
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import IllegalArgumentException
 from pyspark.sql import SparkSession
 from pyspark.sql.types import DecimalType, LongType
 from spark_staging import Change, Row, Stager, TableDef, dele, ins, model_apply, rows_of, upd
@@ -76,17 +74,7 @@ def _arrow_rows(config: LakeConfig, tdef: TableDef) -> list[tuple[Any, ...]]:
     "schema",
     [
         "public",
-        pytest.param(
-            "My Schema",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=Py4JJavaError,
-                reason="bug: IcebergTables.owned_tables quotes the namespace SHOW NAMESPACES returns, which "
-                "Spark already backquotes when it needs quoting ('`My Schema`'): SHOW TABLES IN "
-                "`cat`.```My Schema``` -> NoSuchNamespaceException, so every run fails (exit 1) at the cut "
-                "after its commits",
-            ),
-        ),
+        "My Schema",
     ],
 )
 def test_pyiceberg_reads_what_the_job_wrote_under_hostile_names(
@@ -233,13 +221,6 @@ def test_a_type_widening_is_applied_and_widens_the_lake_column(
     assert lake.state(STOCK).applied_end_lsn == Lsn(end)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IllegalArgumentException,
-    reason="bug: ApplyJob.apply_batch_table appends the batch to the changelog before IcebergTables.evolve "
-    "checks the types: with a changelog in place the append's mergeSchema fails first ('Cannot change "
-    "column type: label: string -> long'), an unexpected error (exit 1) without the re-snapshot advice",
-)
 def test_an_incompatible_type_change_is_refused_without_a_trace(
     spark: SparkSession, lake_config: LakeConfig, tmp_path: Path
 ) -> None:
