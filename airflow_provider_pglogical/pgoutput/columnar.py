@@ -326,12 +326,22 @@ class BatchDecoder:
         return self.decode_buffer(b"".join(messages) + _PAD, starts, lengths, lsns)
 
     def decode_buffer(
-        self, buffer: bytes, starts: Int64Array, lengths: Int64Array, lsns: LsnArray | None = None
+        self,
+        buffer: bytes,
+        starts: Int64Array,
+        lengths: Int64Array,
+        lsns: LsnArray | None = None,
+        *,
+        first_seq: int = 0,
     ) -> DecodedBatch:
         """Like :meth:`decode`, for messages already in one buffer (message ``i`` at
         ``buffer[starts[i]:starts[i] + lengths[i]]``), as a binary COPY stream delivers them:
         no per-message slicing or joining. ``buffer`` must extend at least 16 bytes past the
-        end of the last message (anything may fill them)."""
+        end of the last message (anything may fill them).
+
+        ``first_seq`` numbers the changes of the first transaction from there on, for a large
+        transaction decoded in pieces (each wrapped in its Begin and Commit); the reported
+        change counts are this call's only."""
         if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
             raise ValueError("decode_buffer needs 16 bytes after the last message; pad the buffer")
         batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations)
@@ -348,6 +358,8 @@ class BatchDecoder:
             logical_messages = sorted(tracker.messages, key=lambda m: m.lsn)
             open_xids = sorted([*tracker.streams, *([tracker.current.xid] if tracker.current else [])])
             prepared = sorted(tracker.prepared)
+        if first_seq:
+            rows = rows.continuing(first_seq)
         return DecodedBatch(
             tables=batch.tables(rows, per_txn, self.max_rows),
             transactions=per_txn.table(),
@@ -389,6 +401,12 @@ class _Rows:
     gen: Int64Array
     prefix: Int64Array
     truncates: list[tuple[int, int, Relation, int]]  # (txn ordinal, seq, relation, options)
+
+    def continuing(self, first_seq: int) -> _Rows:
+        """The same rows with the first transaction's changes numbered from ``first_seq``."""
+        seq = self.seq + np.where(self.txn == 0, first_seq, 0)
+        truncates = [(t, s + (first_seq if t == 0 else 0), r, o) for t, s, r, o in self.truncates]
+        return _Rows(self.msg, self.txn, seq, self.gen, self.prefix, truncates)
 
 
 class _Batch:
