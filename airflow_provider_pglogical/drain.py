@@ -366,45 +366,50 @@ def _chunks(
 
 
 class _DecodeStage:
-    """Decodes and stages pieces on one worker thread, in order, while the caller reads the next.
+    """Decodes and stages pieces while the caller reads the next ones.
 
-    Splitting the COPY stream into messages is a Python loop that holds the GIL; decoding and
-    Parquet writing spend most of their time in numpy, pyarrow and zlib, which release it, so
-    the two overlap. At most ``depth`` pieces wait, which bounds memory.
+    Each piece is prepared in order on the caller's thread (cheap: the control messages and the
+    relation cache), typed on ``workers`` threads at once (numpy and pyarrow release the GIL for
+    most of it, so two pieces type in parallel on two cores), then staged in order on one more
+    thread that owns the Parquet writers. At most ``depth`` pieces are in flight, which bounds
+    memory.
     """
 
-    def __init__(self, decoder: BatchDecoder, stager: _Stager, progress: _Progress, depth: int = 1) -> None:
+    def __init__(
+        self, decoder: BatchDecoder, stager: _Stager, progress: _Progress, workers: int = 2, depth: int = 3
+    ) -> None:
         self.decoder = decoder
         self.stager = stager
         self.progress = progress
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drain-decode")
+        self.typing = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="drain-type")
+        self.staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drain-stage")
         self.pending: deque[Future[None]] = deque()
         self.depth = depth
         self.next_seq = 0  # where a transaction continued in the next piece goes on numbering
 
-    def _run(self, piece: Piece) -> None:
-        raw = piece.raw
-        first_seq = self.next_seq if piece.continues else 0
-        decoded = self.decoder.decode_buffer(
-            raw.buffer, raw.offsets, raw.lengths, raw.lsns, first_seq=first_seq
-        )
-        for table in decoded.tables:
-            self.stager.add(table)
-        if len(decoded.transactions):
-            self.next_seq = first_seq + decoded.transactions.column("changes")[-1].as_py()
-        self.progress.update(decoded, piece.commits)
-
     def submit(self, piece: Piece) -> None:
         while len(self.pending) >= self.depth:
             self.pending.popleft().result()  # re-raises a decode or staging error here
-        self.pending.append(self.pool.submit(self._run, piece))
+        raw = piece.raw
+        first_seq = self.next_seq if piece.continues else 0
+        prepared = self.decoder.prepare(raw.buffer, raw.offsets, raw.lengths, raw.lsns, first_seq=first_seq)
+        self.next_seq = first_seq + prepared.last_changes
+        built = self.typing.submit(prepared.build)
+        self.pending.append(self.staging.submit(self._stage, built, piece.commits))
+
+    def _stage(self, built: Future[DecodedBatch], commits: int) -> None:
+        decoded = built.result()
+        for table in decoded.tables:
+            self.stager.add(table)
+        self.progress.update(decoded, commits)
 
     def finish(self) -> None:
         try:
             while self.pending:
                 self.pending.popleft().result()
         finally:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.staging.shutdown(wait=True, cancel_futures=True)
+            self.typing.shutdown(wait=True, cancel_futures=True)
 
 
 def _read_and_stage(

@@ -342,6 +342,20 @@ class BatchDecoder:
         ``first_seq`` numbers the changes of the first transaction from there on, for a large
         transaction decoded in pieces (each wrapped in its Begin and Commit); the reported
         change counts are this call's only."""
+        return self.prepare(buffer, starts, lengths, lsns, first_seq=first_seq).build()
+
+    def prepare(
+        self,
+        buffer: bytes,
+        starts: Int64Array,
+        lengths: Int64Array,
+        lsns: LsnArray | None = None,
+        *,
+        first_seq: int = 0,
+    ) -> PreparedBatch:
+        """The first, cheap half of :meth:`decode_buffer`: walks the control messages (the only
+        step that reads and updates this decoder's relation cache, so calls must come in stream
+        order) and finds the committed rows. :meth:`PreparedBatch.build` does the rest."""
         if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
             raise ValueError("decode_buffer needs 16 bytes after the last message; pad the buffer")
         batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations)
@@ -360,12 +374,36 @@ class BatchDecoder:
             prepared = sorted(tracker.prepared)
         if first_seq:
             rows = rows.continuing(first_seq)
+        return PreparedBatch(batch, rows, per_txn, logical_messages, open_xids, prepared, self.max_rows)
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """Committed rows found, not yet typed. :meth:`build` reads only what this object holds
+    (the relation versions in force were captured by :meth:`BatchDecoder.prepare`), so several
+    batches of one stream can be built at once on different threads."""
+
+    batch: _Batch
+    rows: _Rows
+    per_txn: _TxnColumns
+    messages: list[LogicalMessage]
+    open_xids: list[int]
+    prepared_gids: list[str]
+    max_rows: int
+
+    @property
+    def last_changes(self) -> int:
+        """Changes of the last committed transaction in this call (0 when none committed)."""
+        return int(self.per_txn.changes[-1]) if len(self.per_txn.changes) else 0
+
+    def build(self) -> DecodedBatch:
+        """Type the rows into one table per relation version (the costly, numpy/Arrow half)."""
         return DecodedBatch(
-            tables=batch.tables(rows, per_txn, self.max_rows),
-            transactions=per_txn.table(),
-            messages=logical_messages,
-            open_xids=open_xids,
-            prepared_gids=prepared,
+            tables=self.batch.tables(self.rows, self.per_txn, self.max_rows),
+            transactions=self.per_txn.table(),
+            messages=self.messages,
+            open_xids=self.open_xids,
+            prepared_gids=self.prepared_gids,
         )
 
 
