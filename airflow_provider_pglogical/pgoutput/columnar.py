@@ -929,7 +929,11 @@ def _binary_view(batch: _Batch, start: Int64Array, length: Int64Array, valid: Bo
 
 
 class _Checker:
-    """Collects rows whose bytes fail a vector check; reads are clamped so they never fail."""
+    """Collects rows whose bytes fail a vector check; reads are clamped so they never fail.
+
+    Reads past a message's end are not checked one field at a time: positions only grow, so
+    any overrun shows in the final position, which :func:`_parse_rows` compares with the end.
+    """
 
     def __init__(self, batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Array) -> None:
         self.batch = batch
@@ -940,16 +944,11 @@ class _Checker:
         self.bad = np.zeros(len(msg), dtype=np.bool_)
         self.limit = batch.buf.size - 16
 
-    def byte(self, rows: Int64Array, pos: Int64Array) -> U8Array:
-        self.bad[rows] |= pos >= self.end[rows]
+    def byte(self, pos: Int64Array) -> U8Array:
         return self.batch.buf[np.minimum(pos, self.limit)]
 
-    def int_(
-        self, rows: Int64Array, pos: Int64Array, size: int, present: BoolArray | None = None
-    ) -> Int64Array:
-        """Big-endian integers of ``size`` bytes; only rows where ``present`` must hold one."""
-        beyond = pos + size > self.end[rows]
-        self.bad[rows] |= beyond if present is None else beyond & present
+    def int_(self, pos: Int64Array, size: int) -> Int64Array:
+        """Big-endian unsigned integers of ``size`` (2 or 4) bytes."""
         safe = np.minimum(pos, self.limit)
         if size == 2:
             pair: Int64Array = (self.batch.buf[safe].astype(np.int64) << 8) | self.batch.buf[safe + 1]
@@ -966,35 +965,32 @@ def _parse_tuples(
     check: _Checker, rows: Int64Array, pos: Int64Array, width: int
 ) -> tuple[_Tuples, Int64Array]:
     """Parse the TupleData starting at ``pos`` in each of ``rows`` (indices into the checker)."""
-    count = check.int_(rows, pos, 2)
-    check.bad[rows] |= count != width
+    bad = check.int_(pos, 2) != width
     pos = pos + 2
     kinds, starts, lengths = [], [], []
     for _ in range(width):
-        kind = check.byte(rows, pos)
+        kind = check.byte(pos)
         has_value = (kind == _T_KIND) | (kind == _B_KIND)
         known = has_value | (kind == _U_KIND) | (kind == _NULL_KIND)
-        check.bad[rows] |= ~known
-        length = np.where(has_value, check.int_(rows, pos + 1, 4, has_value), 0)
+        length = np.where(has_value, check.int_(pos + 1, 4), 0)
         # A 4-byte length with the top bit set is negative: never valid.
-        check.bad[rows] |= length >= 1 << 31
+        bad |= ~known | (length >= 1 << 31)
         kinds.append(np.where(known, kind, 0).astype(np.uint8))
         starts.append(pos + 5)
         lengths.append(length)
         pos = pos + 1 + np.where(has_value, 4 + length, 0)
-        check.bad[rows] |= pos > check.end[rows]
+    check.bad[rows] |= bad
     return _Tuples(kinds, starts, lengths), pos
 
 
 def _parse_rows(batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Array, width: int) -> _Parsed:
     """Parse the Insert/Update/Delete messages ``msg`` of one relation version, all at once."""
     check = _Checker(batch, msg, prefix, gen)
-    every = np.arange(len(msg), dtype=np.int64)
     types = batch.types[msg]
     is_update = types == MessageType.UPDATE
     is_delete = types == MessageType.DELETE
     pos = batch.starts[msg] + 1 + prefix + 4
-    marker = check.byte(every, pos)
+    marker = check.byte(pos)
     keyed = (marker == _K) | (marker == _O)
     check.bad |= np.where(is_delete, ~keyed, np.where(is_update, ~keyed & (marker != _N), marker != _N))
     pos = pos + 1
@@ -1002,7 +998,7 @@ def _parse_rows(batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Ar
     old, after_old = _parse_tuples(check, old_rows, pos[old_rows], width)
     pos[old_rows] = after_old
     both = np.flatnonzero(is_update & keyed)
-    check.bad[both] |= check.byte(both, pos[both]) != _N
+    check.bad[both] |= check.byte(pos[both]) != _N
     pos[both] += 1
     new_rows = np.flatnonzero(~is_delete)
     new, after_new = _parse_tuples(check, new_rows, pos[new_rows], width)
