@@ -323,26 +323,7 @@ class BatchDecoder:
         """
         lengths: Int64Array = np.fromiter(map(len, messages), dtype=np.int64, count=len(messages))
         starts: Int64Array = np.cumsum(lengths) - lengths
-        return self.decode_buffer(b"".join(messages) + _PAD, starts, lengths, lsns)
-
-    def decode_buffer(
-        self,
-        buffer: bytes,
-        starts: Int64Array,
-        lengths: Int64Array,
-        lsns: LsnArray | None = None,
-        *,
-        first_seq: int = 0,
-    ) -> DecodedBatch:
-        """Like :meth:`decode`, for messages already in one buffer (message ``i`` at
-        ``buffer[starts[i]:starts[i] + lengths[i]]``), as a binary COPY stream delivers them:
-        no per-message slicing or joining. ``buffer`` must extend at least 16 bytes past the
-        end of the last message (anything may fill them).
-
-        ``first_seq`` numbers the changes of the first transaction from there on, for a large
-        transaction decoded in pieces (each wrapped in its Begin and Commit); the reported
-        change counts are this call's only."""
-        return self.prepare(buffer, starts, lengths, lsns, first_seq=first_seq).build()
+        return self.prepare(b"".join(messages) + _PAD, starts, lengths, lsns).build()
 
     def prepare(
         self,
@@ -353,11 +334,18 @@ class BatchDecoder:
         *,
         first_seq: int = 0,
     ) -> PreparedBatch:
-        """The first, cheap half of :meth:`decode_buffer`: walks the control messages (the only
-        step that reads and updates this decoder's relation cache, so calls must come in stream
-        order) and finds the committed rows. :meth:`PreparedBatch.build` does the rest."""
+        """The first, cheap half of decoding messages already in one buffer (message ``i`` at
+        ``buffer[starts[i]:starts[i] + lengths[i]]``, as a binary COPY stream delivers them: no
+        per-message slicing or joining); :meth:`PreparedBatch.build` does the rest.
+
+        This half walks the control messages, the only step that reads and updates this
+        decoder's relation cache, so calls must come in stream order; builds need not. ``buffer``
+        must extend at least 16 bytes past the end of the last message (anything may fill them).
+        ``first_seq`` numbers the changes of the first transaction from there on, for a large
+        transaction decoded in pieces (each wrapped in its Begin and Commit); the reported
+        change counts are this call's only."""
         if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
-            raise ValueError("decode_buffer needs 16 bytes after the last message; pad the buffer")
+            raise ValueError("prepare needs 16 bytes after the last message; pad the buffer")
         batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations)
         plain = batch.plain_transactions()
         if plain is not None:
