@@ -57,6 +57,7 @@ from airflow_provider_pglogical.types import pg_type_name
 log = logging.getLogger(__name__)
 
 Transport = Literal["peek", "stream"]
+MIN_MEMORY_BYTES = 32 << 20
 
 
 class StagingNotWritableError(PgLogicalError):
@@ -97,6 +98,14 @@ class DrainSettings:
     chunk_messages: int = 100_000
     max_rows_per_batch: int = 65_536
     progress_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_memory_bytes < MIN_MEMORY_BYTES:
+            raise ValueError(
+                f"max_memory_bytes={self.max_memory_bytes} is too small: give the drain at least 32 MiB"
+            )
+        if self.max_messages is not None and self.max_messages < 1:
+            raise ValueError(f"max_messages={self.max_messages}: use at least 1, or None for no limit")
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,12 +76,6 @@ class MemoryBudget:
 
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
 
-    def __post_init__(self) -> None:
-        if self.max_memory_bytes < 32 << 20:
-            raise ValueError(
-                f"max_memory_bytes={self.max_memory_bytes} is too small: give the drain at least 32 MiB"
-            )
-
     @property
     def chunk_bytes(self) -> int:
         return self.max_memory_bytes // 32
