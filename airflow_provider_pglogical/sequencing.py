@@ -69,9 +69,10 @@ class SequencingError(PgLogicalError):
 class MemoryBudget:
     """How the drain's one memory setting is shared out.
 
-    The transport holds about four chunks (reading, queued, being split), the sequencer up to
-    ``hold_bytes`` of undecided transactions before spilling, and the decode stage two pieces,
-    each expanded several times by per-column arrays and Arrow buffers while typed.
+    The transport holds about four chunks (reading, queued, being split): an eighth; the
+    sequencer up to ``hold_bytes`` of undecided transactions before spilling: an eighth; the
+    decode stage up to three pieces in flight (two being typed, one being staged), each
+    expanded about eight times by per-column arrays and Arrow buffers: three quarters.
     """
 
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
