@@ -69,17 +69,18 @@ class SequencingError(PgLogicalError):
 class MemoryBudget:
     """How the drain's one memory setting is shared out.
 
-    The transport holds about four chunks (reading, queued, being split): an eighth; the
-    sequencer up to ``hold_bytes`` of undecided transactions before spilling: an eighth; the
-    decode stage up to three pieces in flight (two being typed, one being staged), each
-    expanded about eight times by per-column arrays and Arrow buffers: three quarters.
+    The transport holds about four chunks (reading, queued, being split; the stream's Python
+    objects double that): a sixth; the sequencer up to ``hold_bytes`` of undecided
+    transactions before spilling: an eighth; the decode stage up to three pieces in flight (two
+    being typed, one being staged), each expanded about eight times by per-column arrays and
+    Arrow buffers: half. The rest is margin for row shapes that expand more.
     """
 
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
 
     @property
     def chunk_bytes(self) -> int:
-        return self.max_memory_bytes // 32
+        return self.max_memory_bytes // 48
 
     @property
     def hold_bytes(self) -> int:
@@ -87,7 +88,7 @@ class MemoryBudget:
 
     @property
     def piece_bytes(self) -> int:
-        return self.max_memory_bytes // 32
+        return self.max_memory_bytes // 48
 
 
 @dataclass(slots=True)
