@@ -78,11 +78,11 @@ class DrainSettings:
     :param max_memory_bytes: the drain's memory budget, whatever the transaction sizes (default
         512 MiB; at least 32 MiB). Transactions not yet committed are kept in memory up to an
         eighth of it and spilled to ``spill_dir`` beyond; committed ones are decoded and staged
-        in pieces of a 32nd of it. Peak RSS stays under this plus the interpreter's fixed
+        in pieces of a 48th of it. Peak RSS stays under this plus the interpreter's fixed
         overhead (``benchmarks/big_transaction.py`` measures both).
     :param spill_dir: where spill files go (``$TMPDIR`` or ``/tmp`` by default); they are
         unlinked as soon as created, so nothing is left behind even by a killed drain.
-    :param chunk_bytes: transport chunk size (default: a 32nd of ``max_memory_bytes``).
+    :param chunk_bytes: transport chunk size (default: a 48th of ``max_memory_bytes``).
     :param chunk_messages: the stream also yields a chunk after this many messages.
     """
 
@@ -227,14 +227,24 @@ def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str
 
 
 class _Progress:
-    """Logs changes, LSN reached and rate at most every ``interval`` seconds."""
+    """Logs changes, LSN reached and rate at most every ``interval`` seconds; while a large
+    transaction is only being read and spilled (nothing staged yet), logs the reading instead."""
 
     def __init__(self, slot: str, interval: float) -> None:
         self.slot = slot
         self.interval = interval
-        self.started = self.last = time.monotonic()
+        self.started = self.last = self.last_read = time.monotonic()
         self.changes = 0
         self.transactions = 0
+
+    def reading(self, result: ReadResult, lsn: Lsn, sequencer: Sequencer) -> None:
+        now = time.monotonic()
+        if now - max(self.last, self.last_read) >= self.interval:
+            self.last_read = now
+            log.info(
+                "drain %s: read %d messages up to %s, %d bytes of undecided transactions spilled so far",
+                self.slot, result.messages, lsn, sequencer.spilled_bytes,
+            )  # fmt: skip
 
     def update(self, decoded: DecodedBatch, transactions: int) -> None:
         self.changes += decoded.changes
@@ -427,13 +437,16 @@ def _read_and_stage(
     """Stage the window's committed transactions piece by piece; returns the read result and
     the end LSN of the last transaction staged."""
     decoder = BatchDecoder(1, max_rows=settings.max_rows_per_batch)  # the sequencer hands over protocol 1
-    stage = _DecodeStage(decoder, stager, _Progress(settings.slot, settings.progress_seconds))
+    progress = _Progress(settings.slot, settings.progress_seconds)
+    stage = _DecodeStage(decoder, stager, progress)
     sequencer = Sequencer(MemoryBudget(settings.max_memory_bytes), settings.spill_dir)
     result = ReadResult()
     try:
         for raw in _chunks(params, conn, settings, start, bound, result):
             for piece in sequencer.feed(raw):
                 stage.submit(piece)
+            if len(raw):
+                progress.reading(result, Lsn(int(raw.lsns[-1])), sequencer)
         sequencer.finish()
     finally:
         sequencer.close()

@@ -186,7 +186,7 @@ def test_transaction_larger_than_memory_spills_and_stages_in_pieces(
     transport: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """With the smallest budget (32 MiB: 4 MiB held, 1 MiB pieces) a ~9 MB transaction with a
+    """With the smallest budget (32 MiB: 4 MiB held, pieces of about 680 kB) a ~9 MB transaction with a
     rolled-back savepoint goes to disk and comes back in many pieces, numbered as one."""
     big = connect(streaming_cluster.dsn(db), autocommit=False)
     with big.cursor() as cur:
@@ -200,7 +200,12 @@ def test_transaction_larger_than_memory_spills_and_stages_in_pieces(
     spill_dir = tmp_path / "spill"
     spill_dir.mkdir()
     caplog.set_level("INFO", logger="airflow_provider_pglogical")
-    settings = {"transport": transport, "max_memory_bytes": 32 << 20, "spill_dir": str(spill_dir)}
+    settings = {
+        "transport": transport,
+        "max_memory_bytes": 32 << 20,
+        "spill_dir": str(spill_dir),
+        "progress_seconds": 0,
+    }
     result = drain_batch(
         streaming_cluster.dsn(db), DrainSettings("cdc", ("pub",), str(tmp_path / "s"), **settings)
     )  # type: ignore[arg-type]
@@ -215,5 +220,9 @@ def test_transaction_larger_than_memory_spills_and_stages_in_pieces(
     assert sorted(big_rows.column("_pgl_seq").to_pylist()) == list(
         range(60000)
     )  # one numbering across pieces
-    assert any("spilled" in r.getMessage() for r in caplog.records)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(
+        "bytes of undecided transactions spilled so far" in m for m in logged
+    )  # progress while reading
+    assert any("spilled" in m and "to disk" in m for m in logged)  # the total, at the end
     assert not list(spill_dir.iterdir())  # spill files never outlive the drain
