@@ -19,15 +19,12 @@ directory without a manifest is a half-written attempt and is deleted and redone
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import numpy as np
 
 from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotActiveError, SlotLostError
 from airflow_provider_pglogical.lsn import Lsn
@@ -53,14 +50,14 @@ from airflow_provider_pglogical.replication.transports import (
     StreamingTransport,
     plugin_options,
 )
+from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES, MemoryBudget, Piece, Sequencer
 from airflow_provider_pglogical.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.types import pg_type_name
 
 log = logging.getLogger(__name__)
 
 Transport = Literal["peek", "stream"]
-_COMMIT = ord("C")
-_STREAM_COMMIT = ord("c")
+MIN_MEMORY_BYTES = 32 << 20
 
 
 class StagingNotWritableError(PgLogicalError):
@@ -78,8 +75,15 @@ class DrainSettings:
         batches) or ``"stream"`` (``START_REPLICATION`` protocol 2 with ``streaming on``).
     :param max_messages: stop at the first commit after this many pgoutput messages.
     :param max_bytes: bound the WAL window read to this many bytes after the start.
-    :param chunk_bytes: the peek's COPY stream is decoded in pieces of about this size.
-    :param chunk_messages: the stream is decoded in pieces of about this many messages.
+    :param max_memory_bytes: the drain's memory budget, whatever the transaction sizes (default
+        512 MiB; at least 32 MiB). Transactions not yet committed are kept in memory up to an
+        eighth of it and spilled to ``spill_dir`` beyond; committed ones are decoded and staged
+        in pieces of a 48th of it. Peak RSS stays under this plus the interpreter's fixed
+        overhead (``benchmarks/big_transaction.py`` measures both).
+    :param spill_dir: where spill files go (``$TMPDIR`` or ``/tmp`` by default); they are
+        unlinked as soon as created, so nothing is left behind even by a killed drain.
+    :param chunk_bytes: transport chunk size (default: a 48th of ``max_memory_bytes``).
+    :param chunk_messages: the stream also yields a chunk after this many messages.
     """
 
     slot: str
@@ -88,10 +92,20 @@ class DrainSettings:
     transport: Transport = "peek"
     max_messages: int | None = 1_000_000
     max_bytes: int | None = None
-    chunk_bytes: int = 8 << 20
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
+    spill_dir: str | None = None
+    chunk_bytes: int | None = None
     chunk_messages: int = 100_000
     max_rows_per_batch: int = 65_536
     progress_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_memory_bytes < MIN_MEMORY_BYTES:
+            raise ValueError(
+                f"max_memory_bytes={self.max_memory_bytes} is too small: give the drain at least 32 MiB"
+            )
+        if self.max_messages is not None and self.max_messages < 1:
+            raise ValueError(f"max_messages={self.max_messages}: use at least 1, or None for no limit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,72 +226,29 @@ def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str
     )
 
 
-_STREAM_XID = struct.Struct("!cI")
-DECODER_PADDING = 16
-_STREAM_ABORT = struct.Struct("!cII")
-
-
-@dataclass(slots=True)
-class _Carry:
-    """Messages after the last safe cut, decoded together with the next chunk."""
-
-    parts: list[RawMessages] = field(default_factory=list)
-    open_streams: set[int] = field(default_factory=set)
-
-
-def _whole_transactions(raw: RawMessages, carry: _Carry) -> RawMessages | None:
-    """The messages up to the last point where no transaction is open, padded for the decoder;
-    the rest stays in ``carry``. ``None`` when no such point was reached yet.
-
-    A cut must follow a commit (``C``, or ``c`` for a streamed transaction) and leave no
-    streamed transaction half-read, because the decoder drops what is undecided at the end
-    of a call. Only the few control bytes are looked at one by one.
-    """
-    kinds = raw.kinds()
-    streamed = np.flatnonzero(np.isin(kinds, (_STREAM_COMMIT, ord("S"), ord("A"))))
-    commits = np.flatnonzero(kinds == _COMMIT)
-    cut = -1
-    if not len(streamed) and not carry.open_streams:
-        # No streamed transaction in sight (always so for the peek): cut after the last commit.
-        cut = int(commits[-1]) if len(commits) else -1
-        control = np.empty(0, np.int64)
-    else:
-        control = np.union1d(streamed, commits)
-    for index in control.tolist():
-        kind = kinds[index]
-        message = raw.message(index)
-        if kind == ord("S"):
-            carry.open_streams.add(_STREAM_XID.unpack_from(message)[1])
-            continue
-        if kind == ord("A"):
-            _, xid, subxid = _STREAM_ABORT.unpack_from(message)
-            if xid == subxid:
-                carry.open_streams.discard(xid)
-        elif kind == _STREAM_COMMIT:
-            carry.open_streams.discard(_STREAM_XID.unpack_from(message)[1])
-        if not carry.open_streams:
-            cut = index
-    if cut < 0:
-        carry.parts.append(raw)
-        return None
-    ready = RawMessages.joined([*carry.parts, raw.select(0, cut + 1)], padding=DECODER_PADDING)
-    carry.parts = [raw.select(cut + 1, len(raw))] if cut + 1 < len(raw) else []
-    return ready
-
-
 class _Progress:
-    """Logs changes, LSN reached and rate at most every ``interval`` seconds."""
+    """Logs changes, LSN reached and rate at most every ``interval`` seconds; while a large
+    transaction is only being read and spilled (nothing staged yet), logs the reading instead."""
 
     def __init__(self, slot: str, interval: float) -> None:
         self.slot = slot
         self.interval = interval
-        self.started = self.last = time.monotonic()
+        self.started = self.last = self.last_read = time.monotonic()
         self.changes = 0
         self.transactions = 0
 
-    def update(self, decoded: DecodedBatch) -> None:
+    def reading(self, result: ReadResult, lsn: Lsn, sequencer: Sequencer) -> None:
+        now = time.monotonic()
+        if now - max(self.last, self.last_read) >= self.interval:
+            self.last_read = now
+            log.info(
+                "drain %s: read %d messages up to %s, %d bytes of undecided transactions spilled so far",
+                self.slot, result.messages, lsn, sequencer.spilled_bytes,
+            )  # fmt: skip
+
+    def update(self, decoded: DecodedBatch, transactions: int) -> None:
         self.changes += decoded.changes
-        self.transactions += len(decoded.transactions)
+        self.transactions += transactions
         now = time.monotonic()
         if now - self.last >= self.interval:
             self.last = now
@@ -394,16 +365,18 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
 def _chunks(
     params: ConnParams, conn: Any, settings: DrainSettings, start: Lsn, bound: Lsn, result: ReadResult
 ) -> Iterator[RawMessages]:
+    chunk_bytes = settings.chunk_bytes or MemoryBudget(settings.max_memory_bytes).chunk_bytes
     if settings.transport == "peek":
         options = plugin_options(settings.publications, proto_version=1)
-        yield from PeekTransport(conn, chunk_bytes=settings.chunk_bytes).read(
+        yield from PeekTransport(conn, chunk_bytes=chunk_bytes).read(
             settings.slot, options, upto_lsn=bound, max_messages=settings.max_messages, result=result
         )
         return
     repl = connect_replication(params)
     try:
         options = plugin_options(settings.publications, proto_version=2, streaming=True)
-        yield from StreamingTransport(repl, chunk_messages=settings.chunk_messages).read(
+        transport = StreamingTransport(repl, chunk_messages=settings.chunk_messages, chunk_bytes=chunk_bytes)
+        yield from transport.read(
             settings.slot, options, start_lsn=start, upto_lsn=bound, max_messages=settings.max_messages,
             result=result,
         )  # fmt: skip
@@ -412,66 +385,78 @@ def _chunks(
 
 
 class _DecodeStage:
-    """Decodes and stages chunks on one worker thread, in order, while the caller reads the next.
+    """Decodes and stages pieces while the caller reads the next ones.
 
-    Splitting the COPY stream into messages is a Python loop that holds the GIL; decoding and
-    Parquet writing spend most of their time in numpy, pyarrow and zlib, which release it, so
-    the two overlap. At most ``depth`` chunks wait, which bounds memory.
+    Each piece is prepared in order on the caller's thread (cheap: the control messages and the
+    relation cache), typed on ``workers`` threads at once (numpy and pyarrow release the GIL for
+    most of it, so two pieces type in parallel on two cores), then staged in order on one more
+    thread that owns the Parquet writers. At most ``depth`` pieces are in flight, which bounds
+    memory.
     """
 
-    def __init__(self, decoder: BatchDecoder, stager: _Stager, progress: _Progress, depth: int = 2) -> None:
+    def __init__(
+        self, decoder: BatchDecoder, stager: _Stager, progress: _Progress, workers: int = 2, depth: int = 3
+    ) -> None:
         self.decoder = decoder
         self.stager = stager
         self.progress = progress
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drain-decode")
+        self.typing = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="drain-type")
+        self.staging = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drain-stage")
         self.pending: deque[Future[None]] = deque()
         self.depth = depth
-        self.transactions = 0
-        self.last_end: Lsn | None = None
+        self.next_seq = 0  # where a transaction continued in the next piece goes on numbering
 
-    def _run(self, ready: RawMessages) -> None:
-        decoded = self.decoder.decode_buffer(ready.buffer, ready.offsets, ready.lengths, ready.lsns)
-        for table in decoded.tables:
-            self.stager.add(table)
-        self.transactions += len(decoded.transactions)
-        self.last_end = decoded.end_lsn or self.last_end
-        self.progress.update(decoded)
-
-    def submit(self, ready: RawMessages) -> None:
+    def submit(self, piece: Piece) -> None:
         while len(self.pending) >= self.depth:
             self.pending.popleft().result()  # re-raises a decode or staging error here
-        self.pending.append(self.pool.submit(self._run, ready))
+        raw = piece.raw
+        first_seq = self.next_seq if piece.continues else 0
+        prepared = self.decoder.prepare(raw.buffer, raw.offsets, raw.lengths, raw.lsns, first_seq=first_seq)
+        self.next_seq = first_seq + prepared.last_changes
+        built = self.typing.submit(prepared.build)
+        self.pending.append(self.staging.submit(self._stage, built, piece.commits))
+
+    def _stage(self, built: Future[DecodedBatch], commits: int) -> None:
+        decoded = built.result()
+        for table in decoded.tables:
+            self.stager.add(table)
+        self.progress.update(decoded, commits)
 
     def finish(self) -> None:
         try:
             while self.pending:
                 self.pending.popleft().result()
         finally:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.staging.shutdown(wait=True, cancel_futures=True)
+            self.typing.shutdown(wait=True, cancel_futures=True)
 
 
 def _read_and_stage(
     params: ConnParams, conn: Any, settings: DrainSettings, start: Lsn, bound: Lsn, stager: _Stager
 ) -> tuple[ReadResult, Lsn | None]:
-    """Decode whole transactions chunk by chunk and stage them; returns the read result and last end LSN."""
-    protocol = 1 if settings.transport == "peek" else 2
-    decoder = BatchDecoder(protocol, max_rows=settings.max_rows_per_batch)
-    stage = _DecodeStage(decoder, stager, _Progress(settings.slot, settings.progress_seconds))
+    """Stage the window's committed transactions piece by piece; returns the read result and
+    the end LSN of the last transaction staged."""
+    decoder = BatchDecoder(1, max_rows=settings.max_rows_per_batch)  # the sequencer hands over protocol 1
+    progress = _Progress(settings.slot, settings.progress_seconds)
+    stage = _DecodeStage(decoder, stager, progress)
+    sequencer = Sequencer(MemoryBudget(settings.max_memory_bytes), settings.spill_dir)
     result = ReadResult()
-    carry = _Carry()
     try:
         for raw in _chunks(params, conn, settings, start, bound, result):
-            ready = _whole_transactions(raw, carry)
-            if ready is not None:
-                stage.submit(ready)
+            for piece in sequencer.feed(raw):
+                stage.submit(piece)
+            if len(raw):
+                progress.reading(result, Lsn(int(raw.lsns[-1])), sequencer)
+        sequencer.finish()
     finally:
+        sequencer.close()
         stage.finish()
-    if carry.open_streams:
-        # Streamed transactions that did not commit before the bound are read again next time.
+    if sequencer.spilled_bytes:
         log.info(
-            "streamed transactions %s not committed before %s: left for the next batch",
-            carry.open_streams,
-            bound,
+            "drain %s spilled %d bytes of undecided transactions to disk",
+            settings.slot,
+            sequencer.spilled_bytes,
         )
-    result.extra["transactions"] = stage.transactions
-    return result, stage.last_end
+    result.extra["transactions"] = sequencer.commits
+    result.extra["spilled_bytes"] = sequencer.spilled_bytes
+    return result, sequencer.last_end

@@ -74,6 +74,7 @@ from airflow_provider_pglogical.replication.slots import (
     drop_slot,
     validate_slot_name,
 )
+from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.staging import DEFAULT_MAX_FILE_BYTES, PartFileWriter, StagingLocation
 from airflow_provider_pglogical.types import arrow_type, pg_type_name, text_to_arrow
 
@@ -86,6 +87,7 @@ __all__ = [
     "SPARK_PASSWORD_ENV",
     "ColumnPlan",
     "RowSecurityError",
+    "RowTooLargeError",
     "SlotMode",
     "SnapshotLostError",
     "SnapshotProgress",
@@ -113,6 +115,8 @@ DEFAULT_RANGE_BYTES = 256 * 1024 * 1024
 DEFAULT_MIN_RANGE_BYTES = 16 * 1024 * 1024
 # COPY text per record batch (and Parquet row group): 2-4 MiB measured faster than 8 MiB here.
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+# A row is held in pieces, joined, then parsed into Arrow strings and typed: about four copies.
+_ROW_COPIES = 4
 _PIPE_BUFFER = 1024 * 1024
 
 SlotMode = Literal["create", "temporary", "recover"]
@@ -126,6 +130,10 @@ SPARK_PASSWORD_ENV = "PGLOGICAL_JDBC_PASSWORD"
 
 class SnapshotLostError(PgLogicalError):
     """The exported snapshot can no longer be imported: the connection holding it was lost."""
+
+
+class RowTooLargeError(PgLogicalError):
+    """A single row is larger than ``max_memory_bytes`` lets one copy worker hold."""
 
 
 class TableDroppedError(PgLogicalError):
@@ -497,11 +505,13 @@ class _LocalCopy:
         parallelism: int,
         max_file_bytes: int,
         batch_bytes: int,
+        max_memory_bytes: int,
     ) -> None:
         self.run = run
         self.parallelism = parallelism
         self.max_file_bytes = max_file_bytes
         self.batch_bytes = batch_bytes
+        self.max_memory_bytes = max_memory_bytes
         self.tasks: queue.Queue[_Task] = queue.Queue()
         self.states: dict[str, _TableState] = {}
         self.counters = _Counters()
@@ -588,7 +598,7 @@ class _LocalCopy:
         command = sql.SQL("COPY ({}) TO STDOUT").format(plan.select(task.block_range))
         try:
             with _copy_stream(conn, command) as stream:
-                for batch in _typed_batches(stream, plan, self.batch_bytes):
+                for batch in _typed_batches(stream, plan, self.batch_bytes, self.max_memory_bytes):
                     if self.cancelled.is_set():
                         raise _CancelledError
                     writer.write(batch)
@@ -697,30 +707,40 @@ def decode_copy_text(values: pa.Array) -> pa.Array:
     return marked
 
 
-def _whole_rows(stream: io.BufferedReader[io.FileIO], size: int) -> Iterator[memoryview]:
+def _whole_rows(stream: io.BufferedReader[io.FileIO], size: int, max_row_bytes: int) -> Iterator[memoryview]:
     """Chunks of about ``size`` bytes of COPY text, each ending at a row end.
 
     A raw newline always ends a row in COPY's text format (newlines in values are escaped),
     so cutting at the last one is safe; a row longer than ``size`` (a large TOASTed value)
-    makes its chunk as long as the row instead of failing, as a fixed parser block would.
+    makes its chunk as long as the row instead of failing, as a fixed parser block would, up
+    to ``max_row_bytes``: beyond, :class:`RowTooLargeError` stops the copy before memory does.
     """
     parts: list[memoryview] = []
+    held = 0
     while data := stream.read(size):
         view = memoryview(data)
         cut = data.rfind(b"\n") + 1
         if cut == 0:
             parts.append(view)
+            held += len(view)
+            if held > max_row_bytes:
+                raise RowTooLargeError(
+                    f"a row is larger than {max_row_bytes} bytes, the most a copy worker may hold with "
+                    f"max_memory_bytes={max_row_bytes * _ROW_COPIES}; raise max_memory_bytes to at least "
+                    f"{_ROW_COPIES} times the largest row"
+                )
             continue
         parts.append(view[:cut])
         yield memoryview(b"".join(parts)) if len(parts) > 1 else parts[0]
         parts = [view[cut:]] if cut < len(data) else []
+        held = len(data) - cut
     if parts:
         # COPY ends every row with a newline; a tail without one is parsed so the error shows.
         yield memoryview(b"".join(parts))
 
 
 def _typed_batches(
-    stream: io.BufferedReader[io.FileIO], plan: TablePlan, batch_bytes: int
+    stream: io.BufferedReader[io.FileIO], plan: TablePlan, batch_bytes: int, max_memory_bytes: int
 ) -> Iterator[pa.RecordBatch]:
     """Parse COPY's text format into string columns, then type each with ``types.text_to_arrow``.
 
@@ -737,7 +757,7 @@ def _typed_batches(
         column_types=dict.fromkeys(names, pa.string()), null_values=["\\N"], strings_can_be_null=True
     )
     schema = plan.arrow_schema
-    for chunk in _whole_rows(stream, batch_bytes):
+    for chunk in _whole_rows(stream, batch_bytes, max_memory_bytes // _ROW_COPIES):
         table = pacsv.read_csv(
             pa.py_buffer(chunk),
             # One block, one thread: parallelism comes from the workers, threads here only contend.
@@ -1003,9 +1023,14 @@ class SnapshotRun:
         *,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     ) -> list[TableCopy]:
-        """Copy every planned table with ``parallelism`` worker connections into Parquet part files."""
-        copies = _LocalCopy(self, self.parallelism, max_file_bytes, batch_bytes).execute()
+        """Copy every planned table with ``parallelism`` worker connections into Parquet part files.
+
+        ``max_memory_bytes`` is the drain's setting: a worker refuses a single row larger than a
+        quarter of it (a row is held about four times over), the one case where a chunk grows
+        past ``batch_bytes``."""
+        copies = _LocalCopy(self, self.parallelism, max_file_bytes, batch_bytes, max_memory_bytes).execute()
         self.check_holder()
         return copies
 
@@ -1167,6 +1192,7 @@ def take_snapshot(
     *,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     **options: Any,
 ) -> tuple[str, Manifest]:
     """Create ``slot`` with an exported snapshot and copy the published tables with the local engine.
@@ -1174,5 +1200,7 @@ def take_snapshot(
     Returns the manifest's path and the manifest. ``options`` are :class:`SnapshotRun` keywords.
     """
     with SnapshotRun(conn_params, slot, publications, staging, **options) as run:
-        copies = run.copy_local(max_file_bytes=max_file_bytes, batch_bytes=batch_bytes)
+        copies = run.copy_local(
+            max_file_bytes=max_file_bytes, batch_bytes=batch_bytes, max_memory_bytes=max_memory_bytes
+        )
         return run.finish(copies)

@@ -5,7 +5,9 @@
 * ``SELECT count(*) FROM pg_logical_slot_peek_binary_changes(...)``: the server's own decoding
   speed through the SQL interface, the floor under any peek-based drain.
 
-Targets (issue 5): at least 2.5x pg_recvlogical and at least 0.5x the SQL peek count.
+Targets: at least 2.5x pg_recvlogical (issue 5); at least 0.6x the SQL peek count in every run,
+aiming for 0.8x (issue 16). The peek materialises the whole window on the server before its
+first row leaves, so the client's work after that adds to the server's time one for one.
 
     .venv/bin/python benchmarks/drain.py [--changes 1000000] [--transport peek|stream]
 """
@@ -104,7 +106,7 @@ def main() -> None:
     print(f"pg_recvlogical  {n / recv_s:12,.0f} changes/s")
     print(f"drain           {n / drain_s:12,.0f} changes/s")
     print(f"drain / pg_recvlogical = {recv_s / drain_s:.2f}x   (target >= 2.5x)")
-    print(f"drain / SQL peek count = {peek_s / drain_s:.2f}x   (target >= 0.5x)")
+    print(f"drain / SQL peek count = {peek_s / drain_s:.2f}x   (target >= 0.6x, aim 0.8x)")
 
 
 if __name__ == "__main__":

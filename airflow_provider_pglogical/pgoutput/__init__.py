@@ -18,7 +18,7 @@ from airflow_provider_pglogical.pgoutput.assembly import (
     TransactionAssembler,
     assemble,
 )
-from airflow_provider_pglogical.pgoutput.columnar import BatchDecoder
+from airflow_provider_pglogical.pgoutput.columnar import BatchDecoder, PreparedBatch
 from airflow_provider_pglogical.pgoutput.decoder import PgOutputDecoder
 from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
@@ -70,6 +70,7 @@ __all__ = [
     "PgOutputDecodeError",
     "PgOutputDecoder",
     "Prepare",
+    "PreparedBatch",
     "Relation",
     "RelationCache",
     "RollbackPrepared",

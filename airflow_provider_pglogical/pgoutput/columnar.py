@@ -323,17 +323,29 @@ class BatchDecoder:
         """
         lengths: Int64Array = np.fromiter(map(len, messages), dtype=np.int64, count=len(messages))
         starts: Int64Array = np.cumsum(lengths) - lengths
-        return self.decode_buffer(b"".join(messages) + _PAD, starts, lengths, lsns)
+        return self.prepare(b"".join(messages) + _PAD, starts, lengths, lsns).build()
 
-    def decode_buffer(
-        self, buffer: bytes, starts: Int64Array, lengths: Int64Array, lsns: LsnArray | None = None
-    ) -> DecodedBatch:
-        """Like :meth:`decode`, for messages already in one buffer (message ``i`` at
-        ``buffer[starts[i]:starts[i] + lengths[i]]``), as a binary COPY stream delivers them:
-        no per-message slicing or joining. ``buffer`` must extend at least 16 bytes past the
-        end of the last message (anything may fill them)."""
+    def prepare(
+        self,
+        buffer: bytes,
+        starts: Int64Array,
+        lengths: Int64Array,
+        lsns: LsnArray | None = None,
+        *,
+        first_seq: int = 0,
+    ) -> PreparedBatch:
+        """The first, cheap half of decoding messages already in one buffer (message ``i`` at
+        ``buffer[starts[i]:starts[i] + lengths[i]]``, as a binary COPY stream delivers them: no
+        per-message slicing or joining); :meth:`PreparedBatch.build` does the rest.
+
+        This half walks the control messages, the only step that reads and updates this
+        decoder's relation cache, so calls must come in stream order; builds need not. ``buffer``
+        must extend at least 16 bytes past the end of the last message (anything may fill them).
+        ``first_seq`` numbers the changes of the first transaction from there on, for a large
+        transaction decoded in pieces (each wrapped in its Begin and Commit); the reported
+        change counts are this call's only."""
         if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
-            raise ValueError("decode_buffer needs 16 bytes after the last message; pad the buffer")
+            raise ValueError("prepare needs 16 bytes after the last message; pad the buffer")
         batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations)
         plain = batch.plain_transactions()
         if plain is not None:
@@ -348,12 +360,38 @@ class BatchDecoder:
             logical_messages = sorted(tracker.messages, key=lambda m: m.lsn)
             open_xids = sorted([*tracker.streams, *([tracker.current.xid] if tracker.current else [])])
             prepared = sorted(tracker.prepared)
+        if first_seq:
+            rows = rows.continuing(first_seq)
+        return PreparedBatch(batch, rows, per_txn, logical_messages, open_xids, prepared, self.max_rows)
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """Committed rows found, not yet typed. :meth:`build` reads only what this object holds
+    (the relation versions in force were captured by :meth:`BatchDecoder.prepare`), so several
+    batches of one stream can be built at once on different threads."""
+
+    batch: _Batch
+    rows: _Rows
+    per_txn: _TxnColumns
+    messages: list[LogicalMessage]
+    open_xids: list[int]
+    prepared_gids: list[str]
+    max_rows: int
+
+    @property
+    def last_changes(self) -> int:
+        """Changes of the last committed transaction in this call (0 when none committed)."""
+        return int(self.per_txn.changes[-1]) if len(self.per_txn.changes) else 0
+
+    def build(self) -> DecodedBatch:
+        """Type the rows into one table per relation version (the costly, numpy/Arrow half)."""
         return DecodedBatch(
-            tables=batch.tables(rows, per_txn, self.max_rows),
-            transactions=per_txn.table(),
-            messages=logical_messages,
-            open_xids=open_xids,
-            prepared_gids=prepared,
+            tables=self.batch.tables(self.rows, self.per_txn, self.max_rows),
+            transactions=self.per_txn.table(),
+            messages=self.messages,
+            open_xids=self.open_xids,
+            prepared_gids=self.prepared_gids,
         )
 
 
@@ -389,6 +427,12 @@ class _Rows:
     gen: Int64Array
     prefix: Int64Array
     truncates: list[tuple[int, int, Relation, int]]  # (txn ordinal, seq, relation, options)
+
+    def continuing(self, first_seq: int) -> _Rows:
+        """The same rows with the first transaction's changes numbered from ``first_seq``."""
+        seq = self.seq + np.where(self.txn == 0, first_seq, 0)
+        truncates = [(t, s + (first_seq if t == 0 else 0), r, o) for t, s, r, o in self.truncates]
+        return _Rows(self.msg, self.txn, seq, self.gen, self.prefix, truncates)
 
 
 class _Batch:
@@ -873,7 +917,11 @@ def _binary_view(batch: _Batch, start: Int64Array, length: Int64Array, valid: Bo
 
 
 class _Checker:
-    """Collects rows whose bytes fail a vector check; reads are clamped so they never fail."""
+    """Collects rows whose bytes fail a vector check; reads are clamped so they never fail.
+
+    Reads past a message's end are not checked one field at a time: positions only grow, so
+    any overrun shows in the final position, which :func:`_parse_rows` compares with the end.
+    """
 
     def __init__(self, batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Array) -> None:
         self.batch = batch
@@ -884,16 +932,11 @@ class _Checker:
         self.bad = np.zeros(len(msg), dtype=np.bool_)
         self.limit = batch.buf.size - 16
 
-    def byte(self, rows: Int64Array, pos: Int64Array) -> U8Array:
-        self.bad[rows] |= pos >= self.end[rows]
+    def byte(self, pos: Int64Array) -> U8Array:
         return self.batch.buf[np.minimum(pos, self.limit)]
 
-    def int_(
-        self, rows: Int64Array, pos: Int64Array, size: int, present: BoolArray | None = None
-    ) -> Int64Array:
-        """Big-endian integers of ``size`` bytes; only rows where ``present`` must hold one."""
-        beyond = pos + size > self.end[rows]
-        self.bad[rows] |= beyond if present is None else beyond & present
+    def int_(self, pos: Int64Array, size: int) -> Int64Array:
+        """Big-endian unsigned integers of ``size`` (2 or 4) bytes."""
         safe = np.minimum(pos, self.limit)
         if size == 2:
             pair: Int64Array = (self.batch.buf[safe].astype(np.int64) << 8) | self.batch.buf[safe + 1]
@@ -910,35 +953,32 @@ def _parse_tuples(
     check: _Checker, rows: Int64Array, pos: Int64Array, width: int
 ) -> tuple[_Tuples, Int64Array]:
     """Parse the TupleData starting at ``pos`` in each of ``rows`` (indices into the checker)."""
-    count = check.int_(rows, pos, 2)
-    check.bad[rows] |= count != width
+    bad = check.int_(pos, 2) != width
     pos = pos + 2
     kinds, starts, lengths = [], [], []
     for _ in range(width):
-        kind = check.byte(rows, pos)
+        kind = check.byte(pos)
         has_value = (kind == _T_KIND) | (kind == _B_KIND)
         known = has_value | (kind == _U_KIND) | (kind == _NULL_KIND)
-        check.bad[rows] |= ~known
-        length = np.where(has_value, check.int_(rows, pos + 1, 4, has_value), 0)
+        length = np.where(has_value, check.int_(pos + 1, 4), 0)
         # A 4-byte length with the top bit set is negative: never valid.
-        check.bad[rows] |= length >= 1 << 31
+        bad |= ~known | (length >= 1 << 31)
         kinds.append(np.where(known, kind, 0).astype(np.uint8))
         starts.append(pos + 5)
         lengths.append(length)
         pos = pos + 1 + np.where(has_value, 4 + length, 0)
-        check.bad[rows] |= pos > check.end[rows]
+    check.bad[rows] |= bad
     return _Tuples(kinds, starts, lengths), pos
 
 
 def _parse_rows(batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Array, width: int) -> _Parsed:
     """Parse the Insert/Update/Delete messages ``msg`` of one relation version, all at once."""
     check = _Checker(batch, msg, prefix, gen)
-    every = np.arange(len(msg), dtype=np.int64)
     types = batch.types[msg]
     is_update = types == MessageType.UPDATE
     is_delete = types == MessageType.DELETE
     pos = batch.starts[msg] + 1 + prefix + 4
-    marker = check.byte(every, pos)
+    marker = check.byte(pos)
     keyed = (marker == _K) | (marker == _O)
     check.bad |= np.where(is_delete, ~keyed, np.where(is_update, ~keyed & (marker != _N), marker != _N))
     pos = pos + 1
@@ -946,7 +986,7 @@ def _parse_rows(batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Ar
     old, after_old = _parse_tuples(check, old_rows, pos[old_rows], width)
     pos[old_rows] = after_old
     both = np.flatnonzero(is_update & keyed)
-    check.bad[both] |= check.byte(both, pos[both]) != _N
+    check.bad[both] |= check.byte(pos[both]) != _N
     pos[both] += 1
     new_rows = np.flatnonzero(~is_delete)
     new, after_new = _parse_tuples(check, new_rows, pos[new_rows], width)

@@ -16,8 +16,9 @@ transactions a slot holds between its confirmed position and a bound:
   starts at the slot's exact position, whatever feedback it receives dies with the
   connection, and the real slot is never touched. It needs one free replication slot.
 
-Both stop on a transaction boundary: the peek at the server's ``upto_lsn``/``upto_nchanges``,
-the stream at the first commit past the bound or the message limit.
+Both end on a commit: the peek at the server's ``upto_lsn``/``upto_nchanges``, the stream
+before the first commit at or past the bound or right after the first one past the message
+limit (see :meth:`StreamingTransport.read`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ _COPY_HEADER = struct.Struct("!11sii")
 # One peek row in binary COPY: 3 fields; pg_lsn (8 bytes), xid (4 bytes), bytea (n bytes).
 _ROW_HEAD = struct.Struct("!hiQiIi")
 _ROW_HEAD_SIZE = _ROW_HEAD.size
-_BEGIN_FINAL_LSN = struct.Struct("!Q")
+_BEGIN_FINAL_LSN = struct.Struct("!Q")  # at byte 1 of Begin
+_STREAM_COMMIT_LSN = struct.Struct("!Q")  # at byte 6 of Stream Commit, after the xid and flags
 
 
 class TransportError(PgLogicalError):
@@ -86,6 +88,12 @@ class RawMessages:
             self.buffer, self.offsets[start:stop], self.lengths[start:stop], self.lsns[start:stop],
             self.xids[start:stop],
         )  # fmt: skip
+
+    def take(self, picked: npt.NDArray[np.int64] | npt.NDArray[np.bool_]) -> RawMessages:
+        """The messages ``picked`` (indices or a mask), sharing this buffer."""
+        return RawMessages(
+            self.buffer, self.offsets[picked], self.lengths[picked], self.lsns[picked], self.xids[picked]
+        )
 
     def kinds(self) -> npt.NDArray[np.uint8]:
         """The type byte of every message."""
@@ -282,54 +290,104 @@ class PeekTransport:
                 return
 
 
+_ROW_FIRST_WORD = 0x00030000  # 3 fields, then the first half of the LSN's length (8)
+_LSN_LENGTH, _XID_LENGTH = 8, 4
+
+
 def _split_rows(data: bytes, pos: int) -> tuple[RawMessages, int, bool]:
     """Index the complete rows of a binary COPY chunk; returns the rows, where the rest starts,
     and whether the end-of-data marker was reached.
 
-    Each row's position depends on the previous row's length, so this is the one per-row
-    Python loop of the peek path; it keeps to one ``unpack_from`` and plain list appends.
+    Each row's start depends on the previous row's length, which a Python loop would follow
+    one row at a time (it was the drain's costliest per-row step). Instead every position whose
+    bytes look like a row header is a candidate; each candidate's successor (start + header +
+    length) is looked up among the candidates, and the chain from ``pos``, a known row start,
+    is followed by pointer doubling (log2(rows) numpy passes). Message bytes that happen to
+    look like a header are never on that chain, because real rows only lead to real rows.
     """
-    starts: list[int] = []
-    lengths: list[int] = []
-    lsns: list[int] = []
-    xids: list[int] = []
     end = len(data)
-    unpack = _ROW_HEAD.unpack_from
     last_head = end - _ROW_HEAD_SIZE
-    done = False
-    while pos <= last_head:
-        nfields, _, lsn, _, xid, length = unpack(data, pos)
-        if nfields != 3:
-            raise TransportError(f"unexpected COPY row with {nfields} fields at byte {pos}")
-        body = pos + _ROW_HEAD_SIZE
-        if body + length > end:
-            break
-        starts.append(body)
-        lengths.append(length)
-        lsns.append(lsn)
-        xids.append(xid)
-        pos = body + length
-    if data[pos : pos + 2] == b"\xff\xff" and pos + 2 == end:
-        done, pos = True, pos + 2
+    if pos > last_head:
+        return _no_rows(data, pos)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    words = np.ndarray(shape=(end - 3,), dtype=">u4", buffer=data, strides=(1,))
+    starts = np.flatnonzero(buf[pos + 1 : last_head + 2] == 3) + pos  # byte 1 of a header is 3
+    starts = starts[
+        (words[starts] == _ROW_FIRST_WORD)
+        & (words[starts + 2] == _LSN_LENGTH)
+        & (words[starts + 14] == _XID_LENGTH)
+    ]
+    if not len(starts) or starts[0] != pos:
+        return _no_rows(data, pos)
+    lengths = words[starts + 22].astype(np.int64)
+    following = starts + _ROW_HEAD_SIZE + lengths
+    successor = np.searchsorted(starts, following)
+    found = successor < len(starts)
+    found[found] = starts[successor[found]] == following[found]
+    terminal = len(starts)
+    successor = np.append(np.where(found, successor, terminal), terminal)
+    chain = _chain(successor, terminal)
+    if following[chain[-1]] > end:  # the last row is cut off by the chunk's end
+        chain = chain[:-1]
+    rest = int(following[chain[-1]]) if len(chain) else pos
+    done = data[rest : rest + 2] == b"\xff\xff" and rest + 2 == end
+    if not done and rest <= last_head and len(chain) and not found[chain[-1]]:
+        _no_rows(data, rest)  # raises on a header of another shape
+        raise TransportError(f"unexpected bytes in the COPY stream at byte {rest}: not a peek row")
+    quads = np.ndarray(shape=(end - 7,), dtype=">u8", buffer=data, strides=(1,))
+    row_starts = starts[chain]
     raw = RawMessages(
         data,
-        np.array(starts, dtype=np.int64),
-        np.array(lengths, dtype=np.int64),
-        np.array(lsns, dtype=np.uint64),
-        np.array(xids, dtype=np.int64),
+        row_starts + _ROW_HEAD_SIZE,
+        lengths[chain],
+        quads[row_starts + 6].astype(np.uint64),
+        words[row_starts + 18].astype(np.int64),
     )
-    return raw, pos, done
+    return raw, rest + 2 if done else rest, done
+
+
+def _chain(successor: npt.NDArray[np.int64], terminal: int) -> npt.NDArray[np.int64]:
+    """Candidate 0, its successor, that one's, ... up to (without) ``terminal``, which is its own
+    successor: the path doubles in length with each numpy gather."""
+    path = np.zeros(1, dtype=np.int64)
+    jump = successor
+    while path[-1] != terminal:
+        path = np.concatenate([path, jump[path]])
+        jump = jump[jump]
+    return path[: int(np.searchsorted(path, terminal))]
+
+
+def _no_rows(data: bytes, pos: int) -> tuple[RawMessages, int, bool]:
+    """No complete row at ``pos``: the end-of-data marker, a partial row, or garbage."""
+    if data[pos : pos + 2] == b"\xff\xff" and pos + 2 == len(data):
+        return RawMessages.from_messages([]), pos + 2, True
+    if pos + _ROW_HEAD_SIZE <= len(data):
+        nfields = _ROW_HEAD.unpack_from(data, pos)[0]
+        if nfields != 3:
+            raise TransportError(f"unexpected COPY row with {nfields} fields at byte {pos}")
+    return RawMessages.from_messages([]), pos, False
 
 
 class StreamingTransport:
     """``START_REPLICATION`` on a temporary copy of the slot (see module docstring).
 
     :param conn: a ``LogicalReplicationConnection``, used for this one read.
+    :param chunk_messages: yield a chunk after this many messages ...
+    :param chunk_bytes: ... or this many payload bytes, whichever comes first (mid-block too:
+        the consumer keeps undecided transactions aside, so a chunk may end anywhere).
     """
 
-    def __init__(self, conn: Any, *, chunk_messages: int = 100_000, idle_timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        *,
+        chunk_messages: int = 100_000,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        idle_timeout: float = 1.0,
+    ) -> None:
         self.conn = conn
         self.chunk_messages = chunk_messages
+        self.chunk_bytes = chunk_bytes
         self.idle_timeout = idle_timeout
 
     def read(
@@ -343,11 +401,15 @@ class StreamingTransport:
         result: ReadResult,
         deadline_seconds: float = 3600.0,
     ) -> Iterator[RawMessages]:
-        """Yield messages of transactions that commit before ``upto_lsn``, in chunks.
+        """Yield messages in wire order, in chunks, ending on a transaction boundary.
 
-        Stops on a transaction boundary: at the first Begin whose commit lies at or past
-        ``upto_lsn``, at the first boundary after ``max_messages``, or when the server says
-        it has decoded past ``upto_lsn`` and no transaction is open.
+        A transaction counts at its commit, so the read stops on commits only: before the first
+        Begin or Stream Commit whose commit LSN is at or past ``upto_lsn`` (it belongs to a later
+        batch, even when its streamed blocks came earlier); right after the first Commit or Stream
+        Commit at or past ``max_messages`` messages (``result.truncated``; a streamed transaction
+        the limit falls into is thus read whole); or when the server says it has decoded past
+        ``upto_lsn`` and no Begin .. Commit or stream block is open. Streamed transactions still
+        undecided at the end commit after the end: the consumer drops them.
         """
         stream = self.conn.cursor()
         copy_name = f"{slot[:40]}_drain_{self.conn.get_backend_pid()}"
@@ -371,6 +433,7 @@ class StreamingTransport:
         self, stream: Any, upto_lsn: Lsn, max_messages: int | None, result: ReadResult, deadline: float
     ) -> Iterator[RawMessages]:
         pending: list[tuple[int, bytes]] = []
+        size = 0
         inside = False  # within Begin..Commit or a streamed block Stream Start..Stream Stop
         while time.monotonic() < deadline:
             msg = stream.read_message()
@@ -383,7 +446,9 @@ class StreamingTransport:
                 continue
             payload: bytes = msg.payload
             kind = payload[:1]
-            if kind == b"B" and Lsn(_BEGIN_FINAL_LSN.unpack_from(payload, 1)[0]) >= upto_lsn:
+            if (kind == b"B" and _BEGIN_FINAL_LSN.unpack_from(payload, 1)[0] >= upto_lsn) or (
+                kind == b"c" and _STREAM_COMMIT_LSN.unpack_from(payload, 6)[0] >= upto_lsn
+            ):
                 result.wal_end = upto_lsn
                 break
             if kind in (b"B", b"S"):
@@ -391,15 +456,17 @@ class StreamingTransport:
             elif kind in (b"C", b"E"):
                 inside = False
             pending.append((msg.data_start, payload))
+            size += len(payload)
             result.messages += 1
-            result.bytes += len(payload)
-            if not inside and len(pending) >= self.chunk_messages:
+            if len(pending) >= self.chunk_messages or size >= self.chunk_bytes:
+                result.bytes += size
                 yield RawMessages.from_messages(pending)
-                pending = []
-            if not inside and max_messages is not None and result.messages >= max_messages:
+                pending, size = [], 0
+            if kind in (b"C", b"c") and max_messages is not None and result.messages >= max_messages:
                 result.truncated = True
                 break
         else:
             raise TransportError(f"streaming did not reach {upto_lsn} within the drain's deadline")
         if pending:
+            result.bytes += size
             yield RawMessages.from_messages(pending)

@@ -1,0 +1,54 @@
+"""The peek's binary COPY framing around pgoutput messages: rows are found without a per-row loop,
+also when message bytes look like row headers and when a chunk ends anywhere."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from airflow_provider_pglogical.replication.transports import TransportError, _split_rows
+
+_HEAD = struct.Struct("!hiQiIi")
+
+
+def _row(lsn: int, xid: int, payload: bytes) -> bytes:
+    return _HEAD.pack(3, 8, lsn, 4, xid, len(payload)) + payload
+
+
+def _payload(rng: random.Random) -> bytes:
+    """Bytes drawn from the header's own alphabet, sometimes a whole fake header inside."""
+    size = rng.choice([0, 1, 5, 26, 40, 200])
+    payload = bytes(rng.choice([0, 3, 4, 8, 255]) for _ in range(size))
+    if size >= _HEAD.size and rng.random() < 0.3:
+        payload = _row(5, 6, payload)[:size]
+    return payload
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_rows_are_found_wherever_the_chunk_ends(seed: int) -> None:
+    rng = random.Random(seed)
+    rows = [(rng.getrandbits(40), rng.getrandbits(32), _payload(rng)) for _ in range(rng.randint(0, 30))]
+    encoded = [_row(*row) for row in rows]
+    stream = b"".join(encoded) + b"\xff\xff"
+    cut = rng.randint(0, len(stream))
+    data = stream[:cut]
+    raw, rest, done = _split_rows(data, 0)
+    whole, position = 0, 0
+    while whole < len(rows) and position + len(encoded[whole]) <= cut:
+        position += len(encoded[whole])
+        whole += 1
+    assert done == (cut == len(stream))
+    assert rest == (len(stream) if done else position)
+    assert [raw.message(i) for i in range(len(raw))] == [payload for _, _, payload in rows[:whole]]
+    assert raw.lsns.tolist() == [lsn for lsn, _, _ in rows[:whole]]
+    assert raw.xids.tolist() == [xid for _, xid, _ in rows[:whole]]
+    assert np.all(raw.offsets[1:] > raw.offsets[:-1])
+
+
+def test_a_row_of_another_shape_is_refused() -> None:
+    data = _row(1, 2, b"ok") + struct.pack("!h", 2) + bytes(30)
+    with pytest.raises(TransportError, match="2 fields"):
+        _split_rows(data, 0)
