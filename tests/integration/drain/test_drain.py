@@ -7,10 +7,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from airflow_provider_pglogical.ledger import read_manifest
 
 from airflow_provider_pglogical.drain import DrainResult, DrainSettings, StagingNotWritableError, drain_batch
 from airflow_provider_pglogical.errors import PublicationNotFoundError, SlotActiveError, SlotNotFoundError
-from airflow_provider_pglogical.ledger import read_manifest
 from airflow_provider_pglogical.replication import (
     advance_slot,
     connect,
