@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pglogical.drain import DrainSettings, Transport, drain_batch
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES
 
 
 class PgLogicalDrainOperator(BaseOperator):
@@ -24,6 +25,9 @@ class PgLogicalDrainOperator(BaseOperator):
     :param transport: ``"peek"`` (SQL interface, default, fastest for batches) or ``"stream"``.
     :param max_messages: end the batch at the first commit after this many messages (templated).
     :param max_bytes: bound the WAL window read to this many bytes (templated).
+    :param max_memory_bytes: the drain's memory budget, whatever the transaction sizes; larger
+        undecided transactions spill to ``spill_dir`` (templated).
+    :param spill_dir: local directory for spill files (default ``$TMPDIR``) (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -33,6 +37,8 @@ class PgLogicalDrainOperator(BaseOperator):
         "staging",
         "max_messages",
         "max_bytes",
+        "max_memory_bytes",
+        "spill_dir",
     )
     ui_color = "#c6e2ff"
 
@@ -46,6 +52,8 @@ class PgLogicalDrainOperator(BaseOperator):
         transport: Transport = "peek",
         max_messages: int | None = 1_000_000,
         max_bytes: int | None = None,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+        spill_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -56,6 +64,8 @@ class PgLogicalDrainOperator(BaseOperator):
         self.transport = transport
         self.max_messages = max_messages
         self.max_bytes = max_bytes
+        self.max_memory_bytes = max_memory_bytes
+        self.spill_dir = spill_dir
 
     def execute(self, context: Context) -> dict[str, Any]:
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
@@ -66,6 +76,8 @@ class PgLogicalDrainOperator(BaseOperator):
             transport=self.transport,
             max_messages=None if self.max_messages is None else int(self.max_messages),
             max_bytes=None if self.max_bytes is None else int(self.max_bytes),
+            max_memory_bytes=int(self.max_memory_bytes),
+            spill_dir=self.spill_dir or None,
         )
         params = PgLogicalHook(self.pglogical_conn_id).connection_params()
         result = drain_batch(params, settings)

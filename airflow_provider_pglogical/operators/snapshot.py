@@ -17,6 +17,7 @@ from airflow_provider_pglogical.errors import SlotExistsError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.manifest import Manifest
 from airflow_provider_pglogical.replication import connect, describe_slot
+from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.snapshot import (
     DEFAULT_MIN_RANGE_BYTES,
     DEFAULT_PARALLELISM,
@@ -77,6 +78,8 @@ class PgLogicalSnapshotOperator(BaseOperator):
     :param recreate_slot: ``"create"`` only: drop an existing slot of that name first; its
         unconsumed changes are lost.
     :param max_file_bytes: local engine: size at which a Parquet part file is closed.
+    :param max_memory_bytes: local engine: the memory budget shared with the drain; a single row
+        larger than a quarter of it stops the copy with a message naming this setting.
     :param range_bytes: largest ctid range of a table, in bytes of heap.
     :param min_range_bytes: smallest ctid range: tables smaller than this are read whole.
     :param spark_conn_id: Spark connection for ``copy_engine="spark"`` (``spark://local%5B2%5D``
@@ -110,6 +113,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
         slot_mode: SlotMode = "create",
         recreate_slot: bool = False,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
         range_bytes: int = DEFAULT_RANGE_BYTES,
         min_range_bytes: int = DEFAULT_MIN_RANGE_BYTES,
         spark_conn_id: str = "spark_default",
@@ -130,6 +134,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
         self.slot_mode = slot_mode
         self.recreate_slot = recreate_slot
         self.max_file_bytes = max_file_bytes
+        self.max_memory_bytes = max_memory_bytes
         self.range_bytes = range_bytes
         self.min_range_bytes = min_range_bytes
         self.spark_conn_id = spark_conn_id
@@ -193,7 +198,9 @@ class PgLogicalSnapshotOperator(BaseOperator):
             if self.copy_engine == "spark":
                 copies = self._copy_with_spark(run, params)
             else:
-                copies = run.copy_local(max_file_bytes=self.max_file_bytes)
+                copies = run.copy_local(
+                    max_file_bytes=self.max_file_bytes, max_memory_bytes=self.max_memory_bytes
+                )
             path, manifest = run.finish(copies)
             uri = run.location.uri_of(path)
         return summarize(uri, manifest)
