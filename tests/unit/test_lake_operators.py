@@ -1,0 +1,96 @@
+"""What the Spark operators hand to spark-submit: the lake's catalog conf, the job's modules, its arguments.
+
+The provider's ``SparkSubmitOperator.execute`` (which would start spark-submit) is replaced by a
+recorder of the operator's state at that moment; everything before it runs for real, including the
+lake connection's hook and the zip of the job's package modules.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from airflow_provider_pglogical.hooks.lake import connection_json
+from airflow_provider_pglogical.lake import LakeConfig
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.manifest import ColumnManifest, Manifest, TableManifest
+from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
+from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+from airflow_provider_pglogical.spark import JARS_ENV
+
+LAKE = LakeConfig("shop", {"type": "jdbc", "uri": "jdbc:postgresql://db/ice"}, "pg_")
+TABLE = TableManifest(
+    schema="public", table="t", columns=(ColumnManifest("id", "int4", 23, -1, "int32", key=True),),
+    key_columns=("id",), replica_identity="d", rows=1, files=("public.t/part-v000-0000.parquet",),
+)  # fmt: skip
+
+
+def write_manifest(directory: Path, tables: tuple[TableManifest, ...]) -> str:
+    manifest = Manifest("batch", "shop_cdc", "shop", "batch-0000000000000100", Lsn(0x100), Lsn(0x200), tables)
+    path = directory / "_manifest.json"
+    path.write_text(manifest.to_json())
+    return str(path)
+
+
+@pytest.fixture
+def submitted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    conn = json.loads(connection_json(LAKE)) | {"login": "ice", "password": "s3cret"}
+    monkeypatch.setenv("AIRFLOW_CONN_SHOP_LAKE", json.dumps(conn))
+    monkeypatch.setenv(JARS_ENV, "/jars/iceberg.jar")
+    calls: list[dict[str, Any]] = []
+
+    def record(self: SparkSubmitOperator, context: Any) -> None:
+        with zipfile.ZipFile(str(self.py_files).split(",")[-1]) as shipped:
+            names = shipped.namelist()
+        calls.append({"conf": dict(self.conf or {}), "args": list(self.application_args or []),
+                      "jars": self.jars, "shipped": names, "conn_id": self._conn_id})  # fmt: skip
+
+    monkeypatch.setattr(SparkSubmitOperator, "execute", record)
+    return calls
+
+
+def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
+    submitted: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    path = write_manifest(tmp_path, (TABLE,))
+    operator = PgLogicalSparkApplyOperator(
+        task_id="apply", manifest=path, lake_conn_id="shop_lake", spark_conn_id="spark_local",
+        conf={"spark.sql.catalog.shop.warehouse": "s3a://override"},
+    )  # fmt: skip
+    operator.execute({})  # type: ignore[arg-type]
+    (call,) = submitted
+    assert call["conf"]["spark.sql.catalog.shop.jdbc.password"] == "s3cret"
+    assert call["conf"]["spark.sql.catalog.shop.warehouse"] == "s3a://override"  # explicit conf wins
+    assert call["args"][:2] == ["--catalog", "shop"] and "--namespace-prefix" in call["args"]
+    assert call["args"][call["args"].index("--manifest") + 1] == path
+    assert "s3cret" not in " ".join(call["args"])  # the secret travels in conf, which the hook masks
+    assert call["jars"] == "/jars/iceberg.jar" and call["conn_id"] == "spark_local"
+    assert "airflow_provider_pglogical/lake.py" in call["shipped"]
+    assert "airflow_provider_pglogical/spark/apply_batch.py" in call["shipped"]
+
+
+def test_an_empty_batch_submits_nothing(submitted: list[dict[str, Any]], tmp_path: Path) -> None:
+    path = write_manifest(tmp_path, ())
+    PgLogicalSparkApplyOperator(task_id="apply", manifest=path, lake_conn_id="shop_lake").execute({})  # type: ignore[arg-type]
+    assert submitted == []
+
+
+def test_maintenance_submits_its_retention_settings(submitted: list[dict[str, Any]]) -> None:
+    operator = PgLogicalLakeMaintenanceOperator(
+        task_id="maintain", slot="shop_cdc", lake_conn_id="shop_lake", keep_cuts="3", older_than_hours="36",
+        skip=["orphans"], packages="org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2",
+    )  # fmt: skip
+    operator.execute({})  # type: ignore[arg-type]
+    (call,) = submitted
+    args = call["args"]
+    assert args[args.index("--slot") + 1] == "shop_cdc" and args[args.index("--keep-cuts") + 1] == "3"
+    assert (
+        args[args.index("--older-than-hours") + 1] == "36.0" and args[args.index("--skip") + 1] == "orphans"
+    )
+    assert call["jars"] is None  # packages given: the local jars are not added
+    assert "airflow_provider_pglogical/spark/maintain_lake.py" in call["shipped"]
