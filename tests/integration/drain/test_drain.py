@@ -7,7 +7,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from airflow_provider_pglogical.ledger import read_manifest
 
 from airflow_provider_pglogical.drain import DrainResult, DrainSettings, StagingNotWritableError, drain_batch
 from airflow_provider_pglogical.errors import PublicationNotFoundError, SlotActiveError, SlotNotFoundError
@@ -18,6 +17,7 @@ from airflow_provider_pglogical.replication import (
     create_slot,
     describe_slot,
 )
+from airflow_provider_pglogical.staging import read_manifest
 from airflow_provider_pglogical.testing import PostgresCluster
 
 SCHEMA = """
