@@ -49,6 +49,7 @@ from airflow_provider_pglogical.replication.slots import (
     slot_info_from_row,
     validate_slot_name,
 )
+from airflow_provider_pglogical.replication.transports import publication_names_option
 
 __all__ = [
     "LagThresholds",
@@ -285,17 +286,6 @@ _PEEK_SQL = (
 )
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _BEGIN = struct.Struct("!BQqI")
-
-
-def publication_names_option(publications: Sequence[str]) -> str:
-    """pgoutput's ``publication_names`` value: each name double-quoted, so any name survives.
-
-    pgoutput splits the option as a list of SQL identifiers (``SplitIdentifierString``): an
-    unquoted name would be folded to lower case and one with a comma split in two.
-    """
-    if not publications:
-        raise ValueError("at least one publication name is needed to peek a pgoutput slot")
-    return ",".join('"' + name.replace('"', '""') + '"' for name in publications)
 
 
 def _begin_commit_time(data: bytes) -> datetime:

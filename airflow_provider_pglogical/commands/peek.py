@@ -38,6 +38,7 @@ from airflow_provider_pglogical.pgoutput.messages import (
     TRUNCATE_RESTART_IDENTITY,
     TupleKind,
 )
+from airflow_provider_pglogical.replication.transports import publication_names_option
 
 _FETCH_ROWS = 2000
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -45,7 +46,12 @@ _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def peek_options(args: argparse.Namespace) -> list[str]:
     """The pgoutput options as the flat name/value list the peek function takes."""
-    options = ["proto_version", str(args.proto_version), "publication_names", ",".join(args.publications)]
+    options = [
+        "proto_version",
+        str(args.proto_version),
+        "publication_names",
+        publication_names_option(args.publications),
+    ]
     if args.streaming:
         options += ["streaming", "on"]
     if args.binary:

@@ -156,12 +156,26 @@ class ReadResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def publication_names_option(publications: Sequence[str]) -> str:
+    """pgoutput's ``publication_names`` value: each name double-quoted, so any name survives.
+
+    pgoutput splits the option as a list of SQL identifiers (``SplitIdentifierString``): an
+    unquoted name would be folded to lower case and one with a comma split in two.
+    """
+    if not publications:
+        raise ValueError("at least one publication name is needed to peek a pgoutput slot")
+    return ",".join('"' + name.replace('"', '""') + '"' for name in publications)
+
+
 def plugin_options(
     publications: Sequence[str], *, proto_version: int = 1, binary: bool = False, messages: bool = False,
     streaming: bool = False,
 ) -> list[tuple[str, str]]:  # fmt: skip
     """pgoutput's options as name/value pairs, in the order the server expects none of."""
-    options = [("proto_version", str(proto_version)), ("publication_names", ",".join(publications))]
+    options = [
+        ("proto_version", str(proto_version)),
+        ("publication_names", publication_names_option(publications)),
+    ]
     if binary:
         options.append(("binary", "true"))
     if messages:
