@@ -42,6 +42,7 @@ import psycopg2.extensions
 
 from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotLostError, SlotNotFoundError
 from airflow_provider_pglogical.replication.connection import libpq_arguments
+from airflow_provider_pglogical.replication.publications import publication_names_option
 from airflow_provider_pglogical.replication.slots import (
     OUTPUT_PLUGIN,
     SLOTS_QUERY,
@@ -49,7 +50,6 @@ from airflow_provider_pglogical.replication.slots import (
     slot_info_from_row,
     validate_slot_name,
 )
-from airflow_provider_pglogical.replication.transports import publication_names_option
 
 __all__ = [
     "LagThresholds",

@@ -38,7 +38,7 @@ from airflow_provider_pglogical.pgoutput.messages import (
     TRUNCATE_RESTART_IDENTITY,
     TupleKind,
 )
-from airflow_provider_pglogical.replication.transports import publication_names_option
+from airflow_provider_pglogical.replication.publications import publication_names_option
 
 _FETCH_ROWS = 2000
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

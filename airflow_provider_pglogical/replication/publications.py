@@ -314,3 +314,14 @@ def _probe_writes(cur: Any, publication: str, spec: TableSpec, publish: Sequence
             ) from None
         finally:
             cur.execute("ROLLBACK TO SAVEPOINT pglogical_probe")
+
+
+def publication_names_option(publications: Sequence[str]) -> str:
+    """pgoutput's ``publication_names`` value: each name double-quoted, so any name survives.
+
+    pgoutput splits the option as a list of SQL identifiers (``SplitIdentifierString``): an
+    unquoted name would be folded to lower case and one with a comma split in two.
+    """
+    if not publications:
+        raise ValueError("at least one publication name is needed to peek a pgoutput slot")
+    return ",".join('"' + name.replace('"', '""') + '"' for name in publications)

@@ -42,6 +42,7 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import PgLogicalError, SlotActiveError, SlotNotFoundError
 from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.replication.publications import publication_names_option
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +155,6 @@ class ReadResult:
     truncated: bool = False
     wal_end: Lsn | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def publication_names_option(publications: Sequence[str]) -> str:
-    """pgoutput's ``publication_names`` value: each name double-quoted, so any name survives.
-
-    pgoutput splits the option as a list of SQL identifiers (``SplitIdentifierString``): an
-    unquoted name would be folded to lower case and one with a comma split in two.
-    """
-    if not publications:
-        raise ValueError("at least one publication name is needed to peek a pgoutput slot")
-    return ",".join('"' + name.replace('"', '""') + '"' for name in publications)
 
 
 def plugin_options(
