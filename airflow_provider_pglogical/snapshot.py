@@ -1053,7 +1053,7 @@ class SnapshotRun:
                 f"the Spark copy engine cannot type {', '.join(unsupported)} (arrays and times need the "
                 "local engine's text conversion); use copy_engine='local' or choose other tables"
             )
-        session = " ".join(filter(None, [SESSION_OPTIONS, WORKER_OPTIONS, jdbc_properties.get("options")]))
+        session = " ".join(filter(None, [jdbc_properties.get("options"), WORKER_OPTIONS, SESSION_OPTIONS]))
         tables = []
         for plan in self.plan:
             tables.append(

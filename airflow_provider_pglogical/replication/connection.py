@@ -18,9 +18,12 @@ KEEPALIVE_DEFAULTS: dict[str, Any] = {
     "keepalives_count": 5,
 }
 
-# ISO dates, UTC and ISO-8601 intervals make the text form of values stable, which the
-# type conversion (types.py) relies on, whatever the server's or role's defaults are.
-SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3"
+# ISO dates, UTC, ISO-8601 intervals, hex bytea and exact floats make the text form of values
+# stable, which the type conversion (types.py) relies on, whatever the server's, database's, role's
+# or connection's defaults are: they come last in ``options``, so nothing overrides them.
+SESSION_OPTIONS = (
+    "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 -c bytea_output=hex"
+)
 
 ConnParams = str | Mapping[str, Any]
 
@@ -36,7 +39,7 @@ def libpq_arguments(params: ConnParams, extra: Mapping[str, Any]) -> tuple[str, 
     for key, value in KEEPALIVE_DEFAULTS.items():
         if key not in given and key not in extra:
             kwargs[key] = value
-    options = [SESSION_OPTIONS, given.get("options"), extra.get("options")]
+    options = [given.get("options"), extra.get("options"), SESSION_OPTIONS]
     kwargs.update(extra)
     kwargs["options"] = " ".join(str(option) for option in options if option)
     return dsn, kwargs
