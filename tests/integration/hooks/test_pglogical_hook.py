@@ -8,6 +8,7 @@ import pytest
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.replication import TableSpec
+from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS
 from airflow_provider_pglogical.testing import PostgresCluster
 
 
@@ -39,8 +40,11 @@ def test_replication_connection_and_slot_lifecycle(hook: PgLogicalHook) -> None:
     assert [t.qualified for t in hook.published_tables(["pub"])] == ["public.t"]
     created, holder = hook.create_slot_with_snapshot("hook_slot")
     try:
-        # The holder runs with idle_in_transaction_session_timeout off, so the snapshot survives.
-        assert holder.get_dsn_parameters()["options"].endswith("idle_in_transaction_session_timeout=0")
+        # The holder runs with idle_in_transaction_session_timeout off, so the snapshot survives
+        # (our decoding settings come after it in options, and none of them touches it).
+        options = holder.get_dsn_parameters()["options"].split(" -c ")
+        assert "idle_in_transaction_session_timeout=0" in [o.removeprefix("-c ") for o in options]
+        assert not any(o.startswith("idle_in_transaction") for o in SESSION_OPTIONS.split(" -c "))
         assert created.snapshot_name
     finally:
         holder.close()
