@@ -268,9 +268,10 @@ class ApplyJob:
         self.tables.merge(sql, self.summary(base, end))
         if read_snapshot is not None:
             self.tables.publish_branch(identifier)
-        after = self.tables.state(self.tables.java_table(identifier))
+        merged = self.tables.java_table(identifier)
+        after = self.tables.state(merged)
         if after is None or after.applied_end_lsn < end:  # the merge changed no file: no snapshot
-            self.tables.record(self.tables.java_table(identifier), self.summary(base, end), read_snapshot)
+            self.tables.record(merged, self.summary(base, end), read_snapshot)
         log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, time.monotonic() - started)
         return TableResult(spec.qualified, "applied", count, seconds=time.monotonic() - started)
 

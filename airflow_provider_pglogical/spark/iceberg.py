@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from py4j.protocol import Py4JJavaError
@@ -175,15 +175,17 @@ class IcebergTables:
         return table
 
     @staticmethod
-    def history(table: Any) -> list[tuple[int, dict[str, str]]]:
-        """The main branch's snapshots, newest first, as (snapshot id, summary)."""
-        snapshots = []
+    def history(table: Any) -> Iterator[tuple[int, dict[str, str]]]:
+        """The main branch's snapshots, newest first, as (snapshot id, summary).
+
+        Lazy: each snapshot costs JVM round trips, and the state, the cut and the changelog check
+        stop at the first pipeline commit, however long the history is.
+        """
         snapshot = table.currentSnapshot()
         while snapshot is not None:
-            snapshots.append((int(snapshot.snapshotId()), dict(snapshot.summary())))
+            yield int(snapshot.snapshotId()), dict(snapshot.summary())
             parent = snapshot.parentId()
             snapshot = table.snapshot(parent) if parent is not None else None
-        return snapshots
 
     def state(self, table: Any | None) -> TableState | None:
         return None if table is None else lake.state_of(self.history(table))
