@@ -14,7 +14,7 @@ from typing import Any
 import psycopg2.errors
 from psycopg2 import sql
 
-from airflow_provider_pglogical.errors import PgLogicalError, PublicationNotFoundError
+from airflow_provider_pglogical.errors import PgLogicalError, PrivilegeError, PublicationNotFoundError
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
 
@@ -275,10 +275,35 @@ def publish_tables(conn: Any, publication: str, tables: Sequence[TableSpec]) -> 
             conn.commit()
         else:
             conn.rollback()
+    except psycopg2.errors.InsufficientPrivilege as exc:
+        conn.rollback()
+        raise _publish_privilege_error(conn, publication, tables, exc) from None
     except BaseException:
         conn.rollback()
         raise
     return changed
+
+
+def _publish_privilege_error(
+    conn: Any, publication: str, tables: Sequence[TableSpec], exc: psycopg2.Error
+) -> PrivilegeError:
+    """What to grant when the pipeline's role may not change the publication (the rest needs no more)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT current_user::text, pg_get_userbyid(pubowner)::text "
+            "FROM pg_publication WHERE pubname = %s",
+            (publication,),
+        )
+        role, owner = cur.fetchone()
+    conn.rollback()
+    names = ", ".join(t.qualified for t in tables)
+    return PrivilegeError(
+        f'role "{role}" may not add {names} to publication "{publication}" '
+        f"({str(exc.pgerror or exc).strip()}): ALTER PUBLICATION needs the publication's owner "
+        f'("{owner}"), who must also own each table. Either add the tables as that owner, or make '
+        f'the pipeline role a member of the owning role (GRANT "{owner}" TO "{role}";). Nothing was '
+        "changed; the snapshot, drain and ack need only LOGIN REPLICATION and SELECT."
+    )
 
 
 def _probe_writes(cur: Any, publication: str, spec: TableSpec, publish: Sequence[str]) -> None:
