@@ -18,8 +18,8 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.errors import NameEncodingError
 from airflow_provider_pglogical.manifest import Manifest
-from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.raw_text import escape_bytes, raw_bytes
 from airflow_provider_pglogical.replication import check_prerequisites, connect, drop_slot
 from airflow_provider_pglogical.snapshot import take_snapshot
@@ -195,5 +195,5 @@ def test_sql_ascii_name_that_is_not_utf8_is_refused_with_the_fix(
         cur.execute(b'INSERT INTO "tabl\xe9" VALUES (1)')
     raw.close()
     settings = DrainSettings("enc", ("pub",), str(tmp_path), transport=transport)  # type: ignore[arg-type]
-    with pytest.raises(PgOutputDecodeError, match=r"tabl\\xe9.*rename it"):
+    with pytest.raises(NameEncodingError, match=r"0xe9.*Rename it to valid UTF-8"):
         drain_batch(dsn, settings)
