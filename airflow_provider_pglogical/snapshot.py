@@ -65,7 +65,12 @@ from airflow_provider_pglogical.manifest import (
 )
 from airflow_provider_pglogical.raw_text import escape_raw_text
 from airflow_provider_pglogical.replication import connect, connect_replication
-from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS, ConnParams, read_raw_text
+from airflow_provider_pglogical.replication.connection import (
+    SESSION_OPTIONS,
+    ConnParams,
+    read_raw_text,
+    stores_raw_text,
+)
 from airflow_provider_pglogical.replication.publications import PublishedTable, published_tables
 from airflow_provider_pglogical.replication.slots import (
     SNAPSHOT_HOLDER_OPTIONS,
@@ -1062,6 +1067,12 @@ class SnapshotRun:
             raise PgLogicalError(
                 f"the Spark copy engine cannot type {', '.join(unsupported)} (arrays and times need the "
                 "local engine's text conversion); use copy_engine='local' or choose other tables"
+            )
+        if stores_raw_text(self._catalog):
+            raise PgLogicalError(
+                f"database {self.database!r} is SQL_ASCII: the Spark copy engine reads through JDBC as "
+                "UTF-8, which the server refuses for stored bytes that are not UTF-8; use "
+                "copy_engine='local', which stages them by the SQL_ASCII rule (docs/FORMATS.md)"
             )
         session = " ".join(filter(None, [jdbc_properties.get("options"), WORKER_OPTIONS, SESSION_OPTIONS]))
         tables = []

@@ -8,7 +8,7 @@ SQL_ASCII database cannot convert: its bytes are staged by the rule of ``raw_tex
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg2
@@ -18,11 +18,11 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.errors import NameEncodingError
+from airflow_provider_pglogical.errors import NameEncodingError, PgLogicalError
 from airflow_provider_pglogical.manifest import Manifest
 from airflow_provider_pglogical.raw_text import escape_bytes, raw_bytes
 from airflow_provider_pglogical.replication import check_prerequisites, connect, drop_slot
-from airflow_provider_pglogical.snapshot import take_snapshot
+from airflow_provider_pglogical.snapshot import SnapshotRun, jdbc_connection, take_snapshot
 from airflow_provider_pglogical.testing import PostgresCluster
 
 # Per encoding: schema, table and column names and text the encoding can hold.
@@ -59,16 +59,17 @@ def staged_rows(directory: str, manifest: Manifest, qualified: str) -> list[dict
     return sorted(table.to_pylist(), key=lambda row: row["id"])
 
 
-def snapshot_and_drains(dsn: str, staging: str, insert: Any) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """(path, staged rows) for the snapshot, then (after ``insert()``) for each drain transport."""
+def snapshot_and_drains(
+    dsn: str, staging: str, insert: Callable[[], None]
+) -> Iterator[tuple[str, str, Manifest]]:
+    """(path, directory, manifest) of the snapshot, then, after ``insert()``, of each drain transport."""
     path, manifest = take_snapshot(dsn, "enc", ["pub"], f"{staging}/snapshot")
-    yield "snapshot", [(path.rsplit("/", 1)[0], manifest)]  # type: ignore[misc]
+    yield "snapshot", path.rsplit("/", 1)[0], manifest
     insert()
     for transport in ("peek", "stream"):
-        result = drain_batch(
-            dsn, DrainSettings("enc", ("pub",), f"{staging}/{transport}", transport=transport)
-        )  # type: ignore[arg-type]
-        yield transport, [(result.batch_uri.removeprefix("file://"), result.manifest)]  # type: ignore[misc]
+        settings = DrainSettings("enc", ("pub",), f"{staging}/{transport}", transport=transport)  # type: ignore[arg-type]
+        result = drain_batch(dsn, settings)
+        yield transport, result.batch_uri.removeprefix("file://"), result.manifest
 
 
 @pytest.mark.integration
@@ -77,7 +78,7 @@ def test_converted_encodings_stage_exact_unicode(
     pg_cluster: PostgresCluster, encoded_db: str, tmp_path: str
 ) -> None:
     encoding = pg_cluster.execute("SHOW server_encoding", encoded_db)[0][0]
-    schema, table, column, texts = SAMPLES[encoding.replace("EUCJP", "EUC_JP")]
+    schema, table, column, texts = SAMPLES[encoding]
     dsn = pg_cluster.dsn(encoded_db)
     conn = utf8_connection(dsn)
     target = sql.Identifier(schema, table)
@@ -108,7 +109,7 @@ def test_converted_encodings_stage_exact_unicode(
         )
         expected = [dict(zip([*COLUMNS, column], row, strict=True)) for row in cur.fetchall()]
     assert expected[0]["t"] == texts[0]
-    for name, [(directory, manifest)] in snapshot_and_drains(dsn, str(tmp_path), lambda: insert(101)):
+    for name, directory, manifest in snapshot_and_drains(dsn, str(tmp_path), lambda: insert(101)):
         rows = staged_rows(directory, manifest, f"{schema}.{table}")
         got = [{k: row[k] for k in [*COLUMNS, column]} for row in rows]
         if name != "snapshot":
@@ -162,7 +163,7 @@ def test_sql_ascii_bytes_follow_the_documented_rule(
                 )
 
     insert(1)
-    for name, [(directory, manifest)] in snapshot_and_drains(dsn, str(tmp_path), lambda: insert(101)):
+    for name, directory, manifest in snapshot_and_drains(dsn, str(tmp_path), lambda: insert(101)):
         rows = staged_rows(directory, manifest, "schéma.tablé")
         assert [row["t"] for row in rows] == [escape_bytes(v) for v in RAW_VALUES], name
         assert [raw_bytes(row["v"]) for row in rows] == RAW_VALUES, name
@@ -197,3 +198,19 @@ def test_sql_ascii_name_that_is_not_utf8_is_refused_with_the_fix(
     settings = DrainSettings("enc", ("pub",), str(tmp_path), transport=transport)  # type: ignore[arg-type]
     with pytest.raises(NameEncodingError, match=r"0xe9.*Rename it to valid UTF-8"):
         drain_batch(dsn, settings)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("encoded_db", ["SQL_ASCII"], indirect=True)
+def test_spark_copy_engine_refuses_sql_ascii_before_submitting(
+    pg_cluster: PostgresCluster, encoded_db: str, tmp_path: str
+) -> None:
+    pg_cluster.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE PUBLICATION pub FOR TABLE t", encoded_db
+    )
+    url, properties, _ = jdbc_connection(pg_cluster.dsn(encoded_db))
+    with (
+        pytest.raises(PgLogicalError, match=r"SQL_ASCII.*copy_engine='local'"),
+        SnapshotRun(pg_cluster.dsn(encoded_db), "spark_enc", ["pub"], str(tmp_path)) as run,
+    ):
+        run.spark_job_spec(url, properties)
