@@ -27,7 +27,8 @@ from airflow_provider_pglogical.testing import PostgresCluster
 
 # Per encoding: schema, table and column names and text the encoding can hold.
 SAMPLES = {
-    "LATIN1": ("schéma", "tablé", "colonne_ø", ["café ÿ", "Ñandú", "Grüße «»"]),
+    # "Ã©" is the UTF-8 of "é" read as LATIN1: garbled silently if the bytes were not converted.
+    "LATIN1": ("schéma", "tablé", "colonne_ø", ["café ÿ", "Ñandú", "Grüße «» Ã©"]),
     "WIN1252": ("schéma€", "tâble", "col_œ", ["€uro „quoted“", "Œuvre — ‰", "naïve…"]),
     "EUC_JP": ("スキーマ", "表", "列", ["日本語テキスト", "ｶﾀｶﾅ と ひらがな", "漢字①"]),
 }
