@@ -7,6 +7,9 @@ SQL_ASCII database cannot convert: its bytes are staged by the rule of ``raw_tex
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -129,6 +132,18 @@ def test_converted_encodings_stage_exact_unicode(
 RAW_VALUES = [b"caf\xe9", b"\xc3\xa9t\xc3\xa9 \xe2\x82\xac", b"x\\\xff\ty", "\U0010fe90!".encode()]
 
 
+def cli(*args: str) -> str:
+    """A ``pglogical`` command's output, run as a user would."""
+    result = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_pglogical.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def literal(value: bytes) -> bytes:
     """A standard-conforming string literal of raw bytes (psycopg2 sends ``bytes`` as bytea)."""
     return b"'" + value.replace(b"'", b"''") + b"'"
@@ -175,6 +190,13 @@ def test_sql_ascii_bytes_follow_the_documented_rule(
         assert rows[1]["t"] == RAW_VALUES[1].decode("utf-8") == "été €", name
     report = check_prerequisites(connect(dsn))
     assert report.server_encoding == "SQL_ASCII" and "U+10FE00" in report.warnings()[0]
+    check = json.loads(cli("check", "--dsn", dsn, "--json"))
+    assert (check["server_encoding"], check["client_encoding"]) == ("SQL_ASCII", "UTF8")
+    assert "U+10FE00" in check["warnings"][0]
+    # The peek command shows what is not UTF-8 replaced, instead of failing on it.
+    assert "caf\ufffd" in cli("peek", "--dsn", dsn, "--slot", "enc", "--publication", "pub").encode().decode(
+        "unicode_escape"
+    )
     conn = connect(dsn)
     drop_slot(conn, "enc")
     conn.close()
