@@ -353,8 +353,7 @@ class BatchDecoder:
         change counts are this call's only."""
         if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
             raise ValueError("prepare needs 16 bytes after the last message; pad the buffer")
-        batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations)
-        batch.raw_text = self.raw_text
+        batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations, self.raw_text)
         plain = batch.plain_transactions()
         if plain is not None:
             rows, per_txn, logical_messages = plain
@@ -454,9 +453,11 @@ class _Batch:
         lsns: LsnArray | None,
         protocol_version: int,
         relations: RelationCache,
+        raw_text: bool = False,
     ) -> None:
         """``joined`` holds message ``i`` at ``starts[i]:starts[i] + lengths[i]`` (gaps allowed)
-        and ends with at least 16 padding bytes, so fixed-width gathers never run off its end."""
+        and ends with at least 16 padding bytes, so fixed-width gathers never run off its end.
+        ``raw_text``: text values are SQL_ASCII bytes (see :class:`BatchDecoder`)."""
         self.messages = _Slices(joined, starts, lengths)
         self.lsns = lsns
         self.decoder = PgOutputDecoder(protocol_version, relations)
@@ -480,7 +481,7 @@ class _Batch:
         # Relation cache generation -> relation id -> Relation in force.
         self.generations: list[dict[int, Relation]] = []
         self.runs: list[_Run] = []  # every run of data messages, committed or not
-        self.raw_text = False  # values are SQL_ASCII bytes (BatchDecoder's raw_text)
+        self.raw_text = raw_text
 
     def lsn(self, index: int) -> Lsn | None:
         return None if self.lsns is None else Lsn(int(self.lsns[index]))
