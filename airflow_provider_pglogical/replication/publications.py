@@ -198,10 +198,11 @@ def describe_publications(conn: Any, names: Sequence[str]) -> list[PublicationIn
         except psycopg2.errors.CharacterNotInRepertoire as exc:
             # Only a SQL_ASCII database can hold such a name: the others convert every name.
             raise NameEncodingError(
-                f"a schema, table or column name published by {', '.join(names)} is not valid UTF-8 "
-                f"({(exc.pgerror or str(exc)).strip()}); the database is SQL_ASCII, which stores names as "
-                "unchecked bytes, and the lake holds Unicode names only. Rename it to valid UTF-8 "
-                "(ALTER SCHEMA/TABLE ... RENAME TO, ALTER TABLE ... RENAME COLUMN)."
+                f"a schema, table or column name (or a row filter) published by {', '.join(names)} is not "
+                f"valid UTF-8 ({(exc.pgerror or str(exc)).strip()}); the database is SQL_ASCII, which "
+                "stores text as unchecked bytes, and the lake holds Unicode names only. Rename it to valid "
+                "UTF-8 (ALTER SCHEMA/TABLE ... RENAME TO, ALTER TABLE ... RENAME COLUMN) or rewrite the "
+                "filter with ASCII literals."
             ) from None
         rows = cur.fetchall()
     result = []
