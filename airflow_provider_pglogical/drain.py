@@ -42,7 +42,7 @@ from airflow_provider_pglogical.replication import (
     describe_publications,
     describe_slot,
 )
-from airflow_provider_pglogical.replication.connection import ConnParams
+from airflow_provider_pglogical.replication.connection import ConnParams, read_raw_text, stores_raw_text
 from airflow_provider_pglogical.replication.transports import (
     PeekTransport,
     RawMessages,
@@ -367,6 +367,7 @@ def _chunks(
 ) -> Iterator[RawMessages]:
     chunk_bytes = settings.chunk_bytes or MemoryBudget(settings.max_memory_bytes).chunk_bytes
     if settings.transport == "peek":
+        read_raw_text(conn)
         options = plugin_options(settings.publications, proto_version=1)
         yield from PeekTransport(conn, chunk_bytes=chunk_bytes).read(
             settings.slot, options, upto_lsn=bound, max_messages=settings.max_messages, result=result
@@ -374,6 +375,7 @@ def _chunks(
         return
     repl = connect_replication(params)
     try:
+        read_raw_text(repl)
         options = plugin_options(settings.publications, proto_version=2, streaming=True)
         transport = StreamingTransport(repl, chunk_messages=settings.chunk_messages, chunk_bytes=chunk_bytes)
         yield from transport.read(
@@ -436,7 +438,8 @@ def _read_and_stage(
 ) -> tuple[ReadResult, Lsn | None]:
     """Stage the window's committed transactions piece by piece; returns the read result and
     the end LSN of the last transaction staged."""
-    decoder = BatchDecoder(1, max_rows=settings.max_rows_per_batch)  # the sequencer hands over protocol 1
+    # The sequencer hands over protocol 1; a SQL_ASCII database's text comes as stored (raw_text.py).
+    decoder = BatchDecoder(1, max_rows=settings.max_rows_per_batch, raw_text=stores_raw_text(conn))
     progress = _Progress(settings.slot, settings.progress_seconds)
     stage = _DecodeStage(decoder, stager, progress)
     sequencer = Sequencer(MemoryBudget(settings.max_memory_bytes), settings.spill_dir)

@@ -57,3 +57,7 @@ class SlotLostError(PgLogicalError):
 
 class SlotAdvanceError(PgLogicalError):
     """A slot could not be advanced to the requested position."""
+
+
+class NameEncodingError(PgLogicalError):
+    """A published name is not valid UTF-8 (possible only in a SQL_ASCII database)."""

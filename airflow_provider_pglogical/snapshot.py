@@ -63,8 +63,14 @@ from airflow_provider_pglogical.manifest import (
     snapshot_batch_id,
     table_dir_name,
 )
+from airflow_provider_pglogical.raw_text import escape_raw_text
 from airflow_provider_pglogical.replication import connect, connect_replication
-from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS, ConnParams
+from airflow_provider_pglogical.replication.connection import (
+    SESSION_OPTIONS,
+    ConnParams,
+    read_raw_text,
+    stores_raw_text,
+)
 from airflow_provider_pglogical.replication.publications import PublishedTable, published_tables
 from airflow_provider_pglogical.replication.slots import (
     SNAPSHOT_HOLDER_OPTIONS,
@@ -107,7 +113,7 @@ log = logging.getLogger(__name__)
 
 # Workers sit idle in their transaction between ranges, like the holder (SNAPSHOT_HOLDER_OPTIONS).
 # row_security = off makes a policy fail the copy loudly instead of hiding rows from it.
-WORKER_OPTIONS = "-c idle_in_transaction_session_timeout=0 -c row_security=off -c client_encoding=UTF8"
+WORKER_OPTIONS = "-c idle_in_transaction_session_timeout=0 -c row_security=off"
 IMPORT_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 DEFAULT_PARALLELISM = 2
@@ -569,6 +575,7 @@ class _LocalCopy:
         with self.lock:
             self.connections.append(conn)
         try:
+            raw_text = read_raw_text(conn)
             while not self.cancelled.is_set():
                 try:
                     task = self.tasks.get_nowait()
@@ -577,7 +584,7 @@ class _LocalCopy:
                 # One transaction per range: its lock on the table is held for that range only, so
                 # DDL elsewhere (and the queries queued behind it) never waits for the whole copy.
                 import_snapshot(conn, self.run.snapshot_name)
-                self._copy(conn, task)
+                self._copy(conn, task, raw_text)
                 with conn.cursor() as cur:
                     cur.execute("COMMIT")
         except BaseException:
@@ -586,7 +593,7 @@ class _LocalCopy:
         finally:
             conn.close()
 
-    def _copy(self, conn: Any, task: _Task) -> None:
+    def _copy(self, conn: Any, task: _Task, raw_text: bool) -> None:
         plan = task.plan
         writer = PartFileWriter(
             self.run.location,
@@ -598,7 +605,7 @@ class _LocalCopy:
         command = sql.SQL("COPY ({}) TO STDOUT").format(plan.select(task.block_range))
         try:
             with _copy_stream(conn, command) as stream:
-                for batch in _typed_batches(stream, plan, self.batch_bytes, self.max_memory_bytes):
+                for batch in _typed_batches(stream, plan, self.batch_bytes, self.max_memory_bytes, raw_text):
                     if self.cancelled.is_set():
                         raise _CancelledError
                     writer.write(batch)
@@ -740,21 +747,28 @@ def _whole_rows(stream: io.BufferedReader[io.FileIO], size: int, max_row_bytes: 
 
 
 def _typed_batches(
-    stream: io.BufferedReader[io.FileIO], plan: TablePlan, batch_bytes: int, max_memory_bytes: int
+    stream: io.BufferedReader[io.FileIO],
+    plan: TablePlan,
+    batch_bytes: int,
+    max_memory_bytes: int,
+    raw_text: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Parse COPY's text format into string columns, then type each with ``types.text_to_arrow``.
 
     Text format (tab-separated, ``\\N`` for NULL, backslash escapes) costs the server less
     than CSV and parses faster: tabs and newlines inside values are always escaped, so
     rows and fields split on the raw characters. Every value is read as a string first
-    because the conversion to Arrow types is the drain's too.
+    because the conversion to Arrow types is the drain's too. ``raw_text``: the values are a
+    SQL_ASCII database's bytes, read as binary and staged by the rule of ``raw_text.py``.
     """
     names = [f"c{i}" for i in range(len(plan.columns))]
     parse_options = pacsv.ParseOptions(
         delimiter="\t", quote_char=False, escape_char=False, ignore_empty_lines=False
     )
     convert_options = pacsv.ConvertOptions(
-        column_types=dict.fromkeys(names, pa.string()), null_values=["\\N"], strings_can_be_null=True
+        column_types=dict.fromkeys(names, pa.binary() if raw_text else pa.string()),
+        null_values=["\\N"],
+        strings_can_be_null=True,
     )
     schema = plan.arrow_schema
     for chunk in _whole_rows(stream, batch_bytes, max_memory_bytes // _ROW_COPIES):
@@ -765,8 +779,9 @@ def _typed_batches(
             parse_options=parse_options,
             convert_options=convert_options,
         )
+        columns = [escape_raw_text(c) if raw_text else c for c in table.columns]
         arrays = [
-            text_to_arrow(decode_copy_text(table.column(i)), column.type_oid, column.typmod)
+            text_to_arrow(decode_copy_text(columns[i]), column.type_oid, column.typmod)
             for i, column in enumerate(plan.columns)
         ]
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -1052,6 +1067,12 @@ class SnapshotRun:
             raise PgLogicalError(
                 f"the Spark copy engine cannot type {', '.join(unsupported)} (arrays and times need the "
                 "local engine's text conversion); use copy_engine='local' or choose other tables"
+            )
+        if stores_raw_text(self._catalog):
+            raise PgLogicalError(
+                f"database {self.database!r} is SQL_ASCII: the Spark copy engine reads through JDBC as "
+                "UTF-8, which the server refuses for stored bytes that are not UTF-8; use "
+                "copy_engine='local', which stages them by the SQL_ASCII rule (docs/FORMATS.md)"
             )
         session = " ".join(filter(None, [jdbc_properties.get("options"), WORKER_OPTIONS, SESSION_OPTIONS]))
         tables = []

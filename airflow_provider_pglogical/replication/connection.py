@@ -21,9 +21,16 @@ KEEPALIVE_DEFAULTS: dict[str, Any] = {
 # ISO dates, UTC, ISO-8601 intervals, hex bytea and exact floats make the text form of values
 # stable, which the type conversion (types.py) relies on, whatever the server's, database's, role's
 # or connection's defaults are: they come last in ``options``, so nothing overrides them.
+# client_encoding=UTF8 makes the server convert text (values, and names in pgoutput's Relation
+# messages: pgoutput converts to the session's client encoding too) from the database's
+# encoding, so a LATIN1, WIN1252 or EUC_JP database reaches the decoder as UTF-8.
 SESSION_OPTIONS = (
-    "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 -c bytea_output=hex"
+    "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 -c bytea_output=hex "
+    "-c client_encoding=UTF8"
 )
+# A SQL_ASCII database stores bytes unchecked; the server cannot convert them and refuses to send
+# those that are not valid UTF-8 to a UTF8 client, so its data is read as stored (raw_text.py).
+RAW_SERVER_ENCODING = "SQL_ASCII"
 
 ConnParams = str | Mapping[str, Any]
 
@@ -61,3 +68,23 @@ def connect_replication(params: ConnParams, **extra: Any) -> Any:
     """A ``LogicalReplicationConnection`` (``replication=database``) to the same database."""
     dsn, kwargs = libpq_arguments(params, extra)
     return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs)
+
+
+def stores_raw_text(conn: Any) -> bool:
+    """Whether the connection's database is SQL_ASCII: text is bytes the server never checked."""
+    return bool(conn.info.parameter_status("server_encoding") == RAW_SERVER_ENCODING)
+
+
+def read_raw_text(conn: Any) -> bool:
+    """On a SQL_ASCII database, switch this session to send text as stored; say whether it did.
+
+    For the connections that stream data (snapshot COPY, peek, START_REPLICATION), whose bytes
+    go through ``raw_text.escape_raw_text``. psycopg2 keeps encoding queries and decoding
+    results as UTF-8 (it does not notice ``SET client_encoding``): which is what names that
+    are valid UTF-8 are, and the only names the lake can hold.
+    """
+    if not stores_raw_text(conn):
+        return False
+    with conn.cursor() as cur:
+        cur.execute("SET client_encoding = 'SQL_ASCII'")
+    return True

@@ -14,7 +14,12 @@ from typing import Any
 import psycopg2.errors
 from psycopg2 import sql
 
-from airflow_provider_pglogical.errors import PgLogicalError, PrivilegeError, PublicationNotFoundError
+from airflow_provider_pglogical.errors import (
+    NameEncodingError,
+    PgLogicalError,
+    PrivilegeError,
+    PublicationNotFoundError,
+)
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
 
@@ -193,7 +198,17 @@ def describe_publications(conn: Any, names: Sequence[str]) -> list[PublicationIn
                 f"publication(s) {', '.join(missing)} not found in database {with_db!r}. Create them "
                 "with CREATE PUBLICATION (or PgLogicalHook.create_publication) in that database."
             )
-        cur.execute(_TABLES_SQL, (names,))
+        try:
+            cur.execute(_TABLES_SQL, (names,))
+        except psycopg2.errors.CharacterNotInRepertoire as exc:
+            # Only a SQL_ASCII database can hold such a name: the others convert every name.
+            raise NameEncodingError(
+                f"a schema, table or column name (or a row filter) published by {', '.join(names)} is not "
+                f"valid UTF-8 ({(exc.pgerror or str(exc)).strip()}); the database is SQL_ASCII, which "
+                "stores text as unchecked bytes, and the lake holds Unicode names only. Rename it to valid "
+                "UTF-8 (ALTER SCHEMA/TABLE ... RENAME TO, ALTER TABLE ... RENAME COLUMN) or rewrite the "
+                "filter with ASCII literals."
+            ) from None
         rows = cur.fetchall()
     result = []
     for name in names:
