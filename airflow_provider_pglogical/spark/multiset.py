@@ -191,8 +191,16 @@ def _diverged(table: str) -> None:
 
 
 def replay(rows: DataFrame, changes: DataFrame, columns: Sequence[StructField], table: str) -> DataFrame:
-    """A snapshot's rows with logged changes applied: the catch-up of a re-snapshot load."""
+    """A snapshot's rows with logged changes applied: the catch-up of a re-snapshot load.
+
+    Logged columns the snapshot lacks (dropped before it, or added after it) are null in its
+    rows, as the changes' old tuples hold them.
+    """
     names = [c.name for c in columns]
+    held = set(rows.columns)
+    rows = rows.select(
+        "*", *[sf.lit(None).cast(c.dataType).alias(c.name) for c in columns if c.name not in held]
+    )
     effect = net_counts(changes, columns, table)
     source = merge_source(effect, rows, names, table)
     kept = rows.limit(0) if effect.truncated else rows

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from iceberg_support import LakeReader
 from pyspark.sql import SparkSession
-from spark_staging import Change, Row, Stager, TableDef, dele, ins, multiset_apply, trunc, upd
+from spark_staging import Change, Part, Row, Stager, TableDef, dele, ins, multiset_apply, trunc, upd
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.lake import LakeConfig
@@ -84,7 +84,7 @@ class Lake(LakeReader):
     def snapshot(self, lsn: int, tables: list[tuple[TableDef, Table]]) -> list[tuple[str, int]]:
         return self.apply(self.stager.snapshot(lsn, tables))
 
-    def batch(self, start: int, end: int, *tables: tuple[TableDef, list[Change]]) -> str:
+    def batch(self, start: int, end: int, *tables: tuple[TableDef, Part]) -> str:
         """A batch under the drain's id ``batch-<start LSN hex16>`` (the catch-up parses it)."""
         staged = Path(self.stager.batch(start, end, [(t, [c]) for t, c in tables])).parent
         drained = staged.rename(staged.with_name(f"batch-{start:016X}"))
@@ -197,6 +197,22 @@ def test_resnapshot_catch_up_replays_multisets(lake: Lake) -> None:
     assert lake.snapshot(s, src.rows_at(s, FULL, LOG)) == [("loaded", 3), ("loaded", 4)]
     assert lake.rows(FULL) == expected(FULL, src.at(FULL, e2)) == expected(FULL, [x, y, {**y, "v": 3}])
     assert lake.rows(LOG) == expected(LOG, src.at(LOG, e2)) == [("a", 1), ("a", 1)]
+
+
+def test_catch_up_of_a_table_that_dropped_a_column(lake: Lake) -> None:
+    """The changelog still has a column the re-snapshot lacks: its rows hold it as null."""
+    with_extra = TableDef("public", "full", [*FULL.columns, ("extra", pa.string())], [], replica_identity="f")
+    x, xe = _r("x", 1), {**_r("x", 1), "extra": "e"}
+    lake.snapshot(S0, [(with_extra, [xe, xe])])
+    e1, s, e2 = S0 + 1000, S0 + 2000, S0 + 3000
+    lake.apply(lake.batch(S0, e1, (FULL, (with_extra, [dele(S0 + 100, 0, **xe)]))))
+    # ALTER TABLE full DROP COLUMN extra, then:
+    b2 = [ins(s - 100, 0, **x), ins(s + 100, 0, **x), _moved(s + 200, 0, x, v=5)]
+    lake.apply(lake.batch(e1, e2, (FULL, b2)))
+    at_e2 = expected(FULL, [x, x, {**x, "v": 5}])
+    assert lake.rows(FULL) == at_e2
+    assert lake.snapshot(s, [(FULL, [x, x])]) == [("loaded", 2)]
+    assert lake.rows(FULL) == at_e2
 
 
 def test_deleting_a_row_the_lake_lacks_names_the_table_and_the_resnapshot(lake: Lake) -> None:
