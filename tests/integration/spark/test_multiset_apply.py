@@ -25,6 +25,7 @@ from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.replication import advance_slot, connect
 from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark import apply_batch as job
+from airflow_provider_pglogical.spark import iceberg
 from airflow_provider_pglogical.spark.iceberg import ApplyError
 from airflow_provider_pglogical.testing import PostgresCluster
 from airflow_provider_pglogical.verify import compare_tables, format_report
@@ -213,6 +214,45 @@ def test_catch_up_of_a_table_that_dropped_a_column(lake: Lake) -> None:
     assert lake.rows(FULL) == at_e2
     assert lake.snapshot(s, [(FULL, [x, x])]) == [("loaded", 2)]
     assert lake.rows(FULL) == at_e2
+
+
+@pytest.mark.parametrize("statement", ["merge", "insert"])
+def test_a_multiset_batch_that_loses_a_race_is_redone_from_the_new_state(
+    lake: Lake, monkeypatch: pytest.MonkeyPatch, statement: str
+) -> None:
+    """A re-snapshot load commits between the batch's read and its commit (MERGE or INSERT)."""
+    x, y = _r("x", 1), _r("y", 2)
+    src = Source([(FULL, [x, x, y])])
+    lake.snapshot(S0, src.rows_at(S0, FULL))
+    e1, s, e2 = S0 + 1000, S0 + 2000, S0 + 3000
+    lake.apply(lake.batch(S0, e1, src.record(FULL, [dele(S0 + 100, 0, **x)])))
+    above = (
+        [dele(s + 100, 0, **y), _moved(s + 200, 0, x, v=5)]
+        if statement == "merge"
+        else [ins(s + 100, 0, **x)]
+    )
+    b2 = lake.batch(e1, e2, src.record(FULL, [ins(s - 100, 0, **y), *above]))
+    resnap = lake.stager.snapshot(s, src.rows_at(s, FULL))
+    real = iceberg.IcebergTables.merge
+    events: list[str] = []
+
+    def racing(self: iceberg.IcebergTables, sql: str, summary: Any) -> None:
+        if not events:
+            events.append(sql.split(" ", 1)[0])
+            lake.apply(resnap)
+        real(self, sql, summary)
+
+    def conflict_seen(exc: BaseException) -> bool:
+        verdict = iceberg.is_conflict(exc)
+        events.extend(["conflict"] if verdict else [])
+        return verdict
+
+    monkeypatch.setattr(iceberg.IcebergTables, "merge", racing)
+    monkeypatch.setattr(job, "is_conflict", conflict_seen)
+    assert lake.apply(b2) == [("applied", len(above))]  # redone from the re-snapshot's base
+    assert events == [statement.upper(), "conflict"]
+    monkeypatch.undo()
+    assert lake.rows(FULL) == expected(FULL, src.at(FULL, e2))
 
 
 def test_deleting_a_row_the_lake_lacks_names_the_table_and_the_resnapshot(lake: Lake) -> None:
