@@ -57,3 +57,11 @@ class SlotLostError(PgLogicalError):
 
 class SlotAdvanceError(PgLogicalError):
     """A slot could not be advanced to the requested position."""
+
+
+class StagingNotWritableError(PgLogicalError):
+    """The staging location cannot be written (permissions, read-only, disk full, missing bucket, ...)."""
+
+
+class ConnectionLostError(PgLogicalError):
+    """The connection to PostgreSQL broke mid-read (server restart, terminated backend, network)."""

@@ -231,9 +231,31 @@ class PostgresCluster:
         lines += [f"port = {self.port}", f"unix_socket_directories = '{self._root}/sock'"]
         (self.datadir / "postgresql.auto.conf").write_text("\n".join(lines) + "\n")
 
-    def restart(self) -> None:
-        """Restart the server, e.g. after ``ALTER SYSTEM`` of a setting that needs it."""
-        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "restart", "-m", "fast"])
+    def restart(self, mode: str = "fast") -> None:
+        """Restart the server, e.g. after ``ALTER SYSTEM`` of a setting that needs it.
+
+        ``mode`` is pg_ctl's shutdown mode: ``"fast"`` ends sessions cleanly, ``"immediate"`` is a
+        crash (every process killed, recovery on start). The new server logs to the same file as
+        the first: left on pg_ctl's captured output, it would hold that pipe open and this call
+        would never return.
+        """
+        if self._root is None:
+            raise RuntimeError("cluster not started")
+        self._run(
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-l",
+                str(self._root / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "restart",
+                "-m",
+                mode,
+            ]
+        )
 
     def stop(self) -> None:
         """Stop the server immediately and delete its files; safe to call twice."""

@@ -61,3 +61,22 @@ def connect_replication(params: ConnParams, **extra: Any) -> Any:
     """A ``LogicalReplicationConnection`` (``replication=database``) to the same database."""
     dsn, kwargs = libpq_arguments(params, extra)
     return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs)
+
+
+def is_connection_loss(exc: BaseException) -> bool:
+    """Whether a psycopg2 error means the connection itself broke, not that a statement failed.
+
+    libpq reports a connection closed inside COPY as a bare ``DatabaseError`` ("error with status
+    PGRES_COPY_OUT and no message from the libpq"); a terminated backend or a server shutting
+    down as ``OperationalError`` (``AdminShutdown`` among them); a closed connection object as
+    ``InterfaceError``.
+    """
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    return type(exc) is psycopg2.DatabaseError
+
+
+def connection_lost_detail(exc: BaseException) -> str:
+    """The first line of a connection error: what libpq or the server said, nothing else."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

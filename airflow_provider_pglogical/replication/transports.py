@@ -40,8 +40,14 @@ import psycopg2
 import psycopg2.errors
 from psycopg2 import sql
 
-from airflow_provider_pglogical.errors import PgLogicalError, SlotActiveError, SlotNotFoundError
+from airflow_provider_pglogical.errors import (
+    ConnectionLostError,
+    PgLogicalError,
+    SlotActiveError,
+    SlotNotFoundError,
+)
 from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.replication.connection import connection_lost_detail, is_connection_loss
 from airflow_provider_pglogical.replication.publications import publication_names_option
 
 log = logging.getLogger(__name__)
@@ -183,6 +189,12 @@ def _translate(exc: psycopg2.Error, slot: str) -> BaseException:
         )
     if isinstance(exc, psycopg2.errors.UndefinedObject) and "replication slot" in str(exc):
         return SlotNotFoundError(f"replication slot {slot!r} does not exist")
+    if is_connection_loss(exc):
+        return ConnectionLostError(
+            f"lost the connection to PostgreSQL while reading slot {slot!r} ({connection_lost_detail(exc)}): "
+            "the server restarted or the backend was terminated. The slot did not move and nothing of "
+            "this read was kept: run the drain again, it starts from the same position."
+        )
     translated: BaseException = exc
     return translated
 
@@ -430,8 +442,11 @@ class StreamingTransport:
             raise _translate(exc, slot) from exc
         try:
             yield from self._pump(stream, upto_lsn, max_messages, result, time.monotonic() + deadline_seconds)
+        except psycopg2.Error as exc:
+            raise _translate(exc, slot) from exc
         finally:
-            stream.close()
+            with contextlib.suppress(psycopg2.Error):
+                stream.close()
 
     def _pump(
         self, stream: Any, upto_lsn: Lsn, max_messages: int | None, result: ReadResult, deadline: float
