@@ -427,10 +427,21 @@ class _DecodeStage:
         self.pending: deque[Future[None]] = deque()
         self.depth = depth
         self.next_seq = 0  # where a transaction continued in the next piece goes on numbering
+        self.failure: BaseException | None = None
+
+    def _wait(self, future: Future[None]) -> None:
+        """Re-raise a decode or staging error, the first one only: pieces staged after it fail
+        because of it (a full disk closes the file they write to), and would hide the cause."""
+        try:
+            future.result()
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+                raise
 
     def submit(self, piece: Piece) -> None:
         while len(self.pending) >= self.depth:
-            self.pending.popleft().result()  # re-raises a decode or staging error here
+            self._wait(self.pending.popleft())
         raw = piece.raw
         first_seq = self.next_seq if piece.continues else 0
         prepared = self.decoder.prepare(raw.buffer, raw.offsets, raw.lengths, raw.lsns, first_seq=first_seq)
@@ -447,7 +458,7 @@ class _DecodeStage:
     def finish(self) -> None:
         try:
             while self.pending:
-                self.pending.popleft().result()
+                self._wait(self.pending.popleft())
         finally:
             self.staging.shutdown(wait=True, cancel_futures=True)
             self.typing.shutdown(wait=True, cancel_futures=True)
