@@ -304,7 +304,18 @@ class PostgresCluster:
         return self.dsn(name)
 
     def drop_database(self, name: str) -> None:
-        """Drop a database, first dropping the replication slots that pin it."""
+        """Drop a database, first dropping the replication slots that pin it.
+
+        A walsender exits a moment after its client closed the connection, and its slot (a
+        temporary one too) stays active until then: wait for that before dropping anything.
+        """
+        with contextlib.suppress(TimeoutError):
+            self.wait_for(
+                sql.SQL(
+                    "SELECT NOT EXISTS (SELECT FROM pg_replication_slots WHERE database = {} AND active)"
+                ).format(sql.Literal(name)),
+                timeout=10.0,
+            )
         self.execute(
             sql.SQL(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
@@ -313,7 +324,7 @@ class PostgresCluster:
         )
         self.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
-    def wait_for(self, query: str, dbname: str = "postgres", timeout: float = 30.0) -> None:
+    def wait_for(self, query: str | sql.Composable, dbname: str = "postgres", timeout: float = 30.0) -> None:
         """Poll ``query`` until its first column is true (e.g. a slot becoming inactive)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
