@@ -162,11 +162,19 @@ CATALOGUE: tuple[BadInput, ...] = (
     ),
     BadInput(
         "copy-cut",
-        "a COPY stream ended early: the server restarted or the backend was terminated",
-        "snapshot, drain",
+        "the snapshot's COPY stream ended early: the server restarted or the backend was terminated",
+        "snapshot",
         "ConnectionLostError",
         ("lost the connection copying table public.small", "discarded", "run it again"),
-        "Run it again: the partial copy or batch was discarded and the slot did not move.",
+        "Run the snapshot again: the partial copy was discarded and its slot dropped.",
+    ),
+    BadInput(
+        "drain-cut",
+        "the drain's stream ended early: the server restarted or the backend was terminated",
+        "drain",
+        "ConnectionLostError",
+        ("while reading slot 'cdc'", "The slot did not move", "run the drain again"),
+        "Run the drain again: nothing of the batch was kept and it starts from the same position.",
     ),
     BadInput(
         "dead-snapshot",
@@ -441,6 +449,55 @@ def copy_cut(env: Env) -> Outcome:
         locker.close()
 
 
+class _OnFirstPiece(logging.Handler):
+    """Runs ``action`` on the drain's first progress record, while staging waits for it."""
+
+    def __init__(self, action: Callable[[], object]) -> None:
+        super().__init__()
+        self.action = action
+        self.done = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("drain %s: %d changes") and not self.done:
+            self.done = True
+            self.action()
+
+
+def drain_cut(env: Env) -> Outcome:
+    """Terminate the backend sending the peek's COPY once the drain staged its first piece: the
+    ~25 MB window is far more than the socket buffers and the pieces in flight hold."""
+    env.sql("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE big;")
+    env.slot("cdc")
+    for first in range(1, 250_000, 25_000):  # pieces are staged per committed transaction
+        env.sql(
+            f"INSERT INTO big SELECT g, md5(g::text) || repeat('x', 60) "
+            f"FROM generate_series({first}, {first + 24_999}) g"
+        )
+    settings = DrainSettings(
+        "cdc", ("pub",), str(env.tmp), progress_seconds=0, chunk_bytes=256 << 10, chunk_messages=20_000
+    )
+    terminated: list[tuple[Any, ...]] = []
+    handler = _OnFirstPiece(
+        lambda: terminated.extend(
+            env.pg.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state = 'active' "
+                "AND query LIKE '%pg_logical_slot_peek_binary_changes%' AND pid <> pg_backend_pid()"
+            )
+        )
+    )
+    logger = logging.getLogger("airflow_provider_pglogical.drain")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        outcome = raised(lambda: drain_batch(env.dsn, settings))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert terminated == [(True,)], "the peek had ended before the cut"
+    return outcome
+
+
 def dead_snapshot(env: Env) -> Outcome:
     _two_tables(env)
 
@@ -479,6 +536,7 @@ RUNS: dict[str, Callable[[Env], Outcome]] = {
     "incompatible-schema": incompatible_schema,
     "malformed-pgoutput": malformed_pgoutput,
     "copy-cut": copy_cut,
+    "drain-cut": drain_cut,
     "dead-snapshot": dead_snapshot,
     "dropped-table": dropped_table,
 }
@@ -516,11 +574,9 @@ def test_bad_input_fails_with_the_fix_in_its_message(
     tmp_path: Path,
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     if case.spark and not os.environ.get("PGLOGICAL_SPARK_JARS"):
         pytest.skip("PGLOGICAL_SPARK_JARS is not set: the Iceberg runtime jars are needed")
-    caplog.set_level(logging.WARNING)
     outcome = RUNS[case.key](Env(pg_cluster, pg_dbname, tmp_path, request, monkeypatch))
     assert outcome.error == case.error, outcome
     missing = [word for word in case.words if word not in outcome.message]
