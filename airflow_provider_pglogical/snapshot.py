@@ -666,7 +666,7 @@ def _explain(exc: BaseException, plan: TablePlan) -> BaseException:
             "server restarted or the backend was terminated, so its COPY stream ended early. The "
             "snapshot was discarded and its slot dropped; run it again."
         )
-    if isinstance(exc, OSError):
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):  # not the COPY's own pipe
         return StagingNotWritableError(
             f"cannot write the snapshot of table {plan.qualified} to staging: {exc}. The snapshot was "
             "discarded and its slot dropped: free space in (or fix) the staging location, then run it again."
