@@ -26,7 +26,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotActiveError, SlotLostError
+from airflow_provider_pglogical.errors import (
+    RECOVERY_DAG,
+    PgLogicalError,
+    SlotActiveError,
+    SlotLostError,
+    StagingNotWritableError,
+)
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import (
     ColumnManifest,
@@ -58,10 +64,6 @@ log = logging.getLogger(__name__)
 
 Transport = Literal["peek", "stream"]
 MIN_MEMORY_BYTES = 32 << 20
-
-
-class StagingNotWritableError(PgLogicalError):
-    """The staging location cannot be written (permissions, missing bucket, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,20 @@ class _Stager:
         self.tables: dict[tuple[str, str], _TableOutput] = {}
 
     def add(self, changes: TableChanges) -> None:
+        try:
+            self._add(changes)
+        except OSError as exc:
+            raise self.write_error(exc) from exc
+
+    def write_error(self, exc: OSError) -> StagingNotWritableError:
+        """A failed write (disk full, read-only, permissions) as the error that says what to do."""
+        return StagingNotWritableError(
+            f"cannot write the batch to {self.location.uri_of(self.batch_dir)}: {exc}. Nothing of this "
+            "batch is kept and the slot did not move: free space in (or fix) the staging location, then "
+            "run the drain again."
+        )
+
+    def _add(self, changes: TableChanges) -> None:
         relation = changes.relation
         key = (relation.namespace, relation.name)
         out = self.tables.get(key)
@@ -181,7 +197,10 @@ class _Stager:
         manifests = []
         for out in self.tables.values():
             for writer in out.writers:
-                writer.close()
+                try:
+                    writer.close()
+                except OSError as exc:
+                    raise self.write_error(exc) from exc
             manifests.append(_table_manifest(out, self.location, self.batch_dir))
         return manifests
 
@@ -351,7 +370,10 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
                 seconds=round(time.monotonic() - started, 3),
             ),
         )
-        path = location.write_manifest(batch_dir, manifest)
+        try:
+            path = location.write_manifest(batch_dir, manifest)
+        except OSError as exc:  # the batch stays without a manifest: the retry redoes it
+            raise stager.write_error(exc) from exc
         log.info(
             "staged batch %s: %s..%s, %d changes in %d transactions, %.1fs",
             batch_id, manifest.start_lsn, manifest.end_lsn, manifest.stats.changes,
@@ -407,10 +429,21 @@ class _DecodeStage:
         self.pending: deque[Future[None]] = deque()
         self.depth = depth
         self.next_seq = 0  # where a transaction continued in the next piece goes on numbering
+        self.failure: BaseException | None = None
+
+    def _wait(self, future: Future[None]) -> None:
+        """Re-raise a decode or staging error, the first one only: pieces staged after it fail
+        because of it (a full disk closes the file they write to), and would hide the cause."""
+        try:
+            future.result()
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+                raise
 
     def submit(self, piece: Piece) -> None:
         while len(self.pending) >= self.depth:
-            self.pending.popleft().result()  # re-raises a decode or staging error here
+            self._wait(self.pending.popleft())
         raw = piece.raw
         first_seq = self.next_seq if piece.continues else 0
         prepared = self.decoder.prepare(raw.buffer, raw.offsets, raw.lengths, raw.lsns, first_seq=first_seq)
@@ -427,7 +460,7 @@ class _DecodeStage:
     def finish(self) -> None:
         try:
             while self.pending:
-                self.pending.popleft().result()
+                self._wait(self.pending.popleft())
         finally:
             self.staging.shutdown(wait=True, cancel_futures=True)
             self.typing.shutdown(wait=True, cancel_futures=True)

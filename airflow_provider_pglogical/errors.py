@@ -61,3 +61,11 @@ class SlotAdvanceError(PgLogicalError):
 
 class NameEncodingError(PgLogicalError):
     """A published name is not valid UTF-8 (possible only in a SQL_ASCII database)."""
+
+
+class StagingNotWritableError(PgLogicalError):
+    """The staging location cannot be written (permissions, read-only, disk full, missing bucket, ...)."""
+
+
+class ConnectionLostError(PgLogicalError):
+    """The connection to PostgreSQL broke mid-read (server restart, terminated backend, network)."""

@@ -45,6 +45,7 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
+    ConnectionLostError,
     PgLogicalError,
     PrivilegeError,
     PublicationEmptyError,
@@ -52,6 +53,7 @@ from airflow_provider_pglogical.errors import (
     SlotExistsError,
     SlotLostError,
     SlotNotFoundError,
+    StagingNotWritableError,
 )
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import (
@@ -68,6 +70,8 @@ from airflow_provider_pglogical.replication import connect, connect_replication
 from airflow_provider_pglogical.replication.connection import (
     SESSION_OPTIONS,
     ConnParams,
+    connection_lost_detail,
+    is_connection_loss,
     read_raw_text,
     stores_raw_text,
 )
@@ -418,6 +422,13 @@ def _select_tables(published: list[PublishedTable], tables: Sequence[str] | None
     return chosen
 
 
+# What ends the connection that holds an exported snapshot, when it is not a one-off restart.
+_HOLDER_ADVICE = (
+    "If it happens again, look for what ends idle connections: pg_terminate_backend jobs, proxies, "
+    "idle_in_transaction_session_timeout or idle_session_timeout set for the role or database."
+)
+
+
 def import_snapshot(conn: Any, snapshot_name: str) -> None:
     """Start a read-only repeatable-read transaction on ``conn`` that sees ``snapshot_name``."""
     with conn.cursor() as cur:
@@ -427,7 +438,8 @@ def import_snapshot(conn: Any, snapshot_name: str) -> None:
         except (psycopg2.errors.InvalidParameterValue, psycopg2.errors.UndefinedObject) as exc:
             raise SnapshotLostError(
                 f"exported snapshot {snapshot_name} can no longer be imported ({exc.pgerror or exc}): the "
-                "replication connection holding it was closed or terminated"
+                "replication connection holding it was closed or terminated. The snapshot was discarded "
+                f"and its slot dropped; run it again. {_HOLDER_ADVICE}"
             ) from exc
 
 
@@ -651,6 +663,17 @@ def _explain(exc: BaseException, plan: TablePlan) -> BaseException:
         return PrivilegeError(
             f"the role lacks SELECT on published table {plan.qualified}: GRANT SELECT ON {plan.qualified} "
             "TO <role>;"
+        )
+    if isinstance(exc, psycopg2.Error) and is_connection_loss(exc):
+        return ConnectionLostError(
+            f"lost the connection copying table {plan.qualified} ({connection_lost_detail(exc)}): the "
+            "server restarted or the backend was terminated, so its COPY stream ended early. The "
+            "snapshot was discarded and its slot dropped; run it again."
+        )
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):  # not the COPY's own pipe
+        return StagingNotWritableError(
+            f"cannot write the snapshot of table {plan.qualified} to staging: {exc}. The snapshot was "
+            "discarded and its slot dropped: free space in (or fix) the staging location, then run it again."
         )
     return exc
 
@@ -1023,14 +1046,23 @@ class SnapshotRun:
         """Raise :class:`SnapshotLostError` unless the connection holding the snapshot is alive."""
         if self._holder is None or self._holder.closed:
             raise SnapshotLostError(f"the connection holding snapshot {self.snapshot_name} is closed")
-        with self._catalog.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (self._holder_pid,))
-            alive = cur.fetchone() is not None
+        try:
+            with self._catalog.cursor() as cur:
+                cur.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (self._holder_pid,))
+                alive = cur.fetchone() is not None
+        except psycopg2.Error as exc:
+            if not is_connection_loss(exc):
+                raise
+            raise SnapshotLostError(
+                f"lost the connection to PostgreSQL during the snapshot copy ({connection_lost_detail(exc)}):"
+                f" the server restarted or its backends were terminated, and snapshot {self.snapshot_name} "
+                "went with them. The copy was discarded and its slot dropped; run the snapshot again."
+            ) from exc
         if not alive:
             raise SnapshotLostError(
                 f"the replication connection holding snapshot {self.snapshot_name} (backend pid "
                 f"{self._holder_pid}) was terminated during the copy; the copy may mix states, so it was "
-                "discarded. Check for idle-connection killers (pg_terminate_backend jobs, proxies) and retry."
+                f"discarded and its slot dropped; run it again. {_HOLDER_ADVICE}"
             )
 
     def copy_local(

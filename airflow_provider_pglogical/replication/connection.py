@@ -9,6 +9,8 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
+from airflow_provider_pglogical.errors import PrivilegeError
+
 # Replication connections sit idle for long stretches (holding an exported snapshot, or
 # between keepalives); TCP keepalives stop middleboxes from silently dropping them.
 KEEPALIVE_DEFAULTS: dict[str, Any] = {
@@ -67,7 +69,43 @@ def connect(params: ConnParams, *, autocommit: bool = True, **extra: Any) -> Any
 def connect_replication(params: ConnParams, **extra: Any) -> Any:
     """A ``LogicalReplicationConnection`` (``replication=database``) to the same database."""
     dsn, kwargs = libpq_arguments(params, extra)
-    return psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs)
+    try:
+        return psycopg2.connect(
+            dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection, **kwargs
+        )
+    except psycopg2.OperationalError as exc:
+        if "replication role" not in str(exc):
+            raise
+        user = kwargs.get("user") or (psycopg2.extensions.parse_dsn(dsn).get("user") if dsn else None)
+        raise missing_replication(user, exc) from None
+
+
+def missing_replication(role: str | None, exc: BaseException) -> PrivilegeError:
+    """The error for a role without the REPLICATION attribute, with the statement that fixes it."""
+    name = f'"{role}"' if role else "<role>"
+    detail = str(exc).strip().splitlines()[-1].split("FATAL:")[-1].strip()
+    return PrivilegeError(
+        f"role {name} may not use replication ({detail}). As a superuser run: ALTER ROLE {name} REPLICATION;"
+    )
+
+
+def is_connection_loss(exc: BaseException) -> bool:
+    """Whether a psycopg2 error means the connection itself broke, not that a statement failed.
+
+    libpq reports a connection closed inside COPY as a bare ``DatabaseError`` ("error with status
+    PGRES_COPY_OUT and no message from the libpq"); a terminated backend or a server shutting
+    down as ``OperationalError`` (``AdminShutdown`` among them); a closed connection object as
+    ``InterfaceError``.
+    """
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return True
+    return type(exc) is psycopg2.DatabaseError
+
+
+def connection_lost_detail(exc: BaseException) -> str:
+    """The first line of a connection error: what libpq or the server said, nothing else."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def stores_raw_text(conn: Any) -> bool:
