@@ -247,7 +247,7 @@ class ApplyJob:
         if state is not None and end <= state.applied_end_lsn:
             return TableResult(spec.qualified, "skipped")
         base = state.base_lsn if state is not None else ZERO
-        steps = plan_schema_changes(self.spark, self.base_dir, spec, state, base, self.manifest.slot)
+        steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, base)
         staged = self._live_changes(spec, base)
         if staged is None:
             if table is not None:

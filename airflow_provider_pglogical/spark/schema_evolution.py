@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 
 from airflow_provider_pglogical.lake import TableState
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import TableManifest
+from airflow_provider_pglogical.manifest import Manifest, TableManifest
 from airflow_provider_pglogical.schema_changes import (
     Fill,
     Plan,
@@ -106,8 +106,16 @@ class SchemaSteps:
         return values
 
 
-def _live_versions(spark: SparkSession, base_dir: str, spec: TableManifest, base: Lsn) -> list[int]:
-    """Indexes of the relation versions with a change at or above ``base`` (the rest is in the snapshot)."""
+def _live_versions(
+    spark: SparkSession, base_dir: str, spec: TableManifest, base: Lsn, start: Lsn
+) -> list[int]:
+    """Indexes of the relation versions with a change at or above ``base`` (the rest is in the snapshot).
+
+    Every change of a batch commits at or above its start LSN: when that is at or above the base
+    (a batch not straddling the table's snapshot), every version is live without reading a file.
+    """
+    if base <= start:
+        return list(range(len(spec.versions)))
     live = []
     for index, version in enumerate(spec.versions):
         if files_reaching(spark, [f"{base_dir}/{f}" for f in version.files], int(base)):
@@ -116,19 +124,26 @@ def _live_versions(spark: SparkSession, base_dir: str, spec: TableManifest, base
 
 
 def plan_schema_changes(
-    spark: SparkSession, base_dir: str, spec: TableManifest, state: TableState | None, base: Lsn, slot: str
+    spark: SparkSession,
+    base_dir: str,
+    manifest: Manifest,
+    spec: TableManifest,
+    state: TableState | None,
+    base: Lsn,
 ) -> SchemaSteps:
     """Classify the batch's relation versions against the lake's last ones; raise when only a
     re-snapshot can tell the rows' values (:class:`ResnapshotNeededError`, naming the command)."""
+    slot, start = manifest.slot, manifest.start_lsn
     previous_text = state.source_columns if state is not None else None
     if not spec.versions:  # a manifest from before relation versions were recorded
         return SchemaSteps((), (), None, previous_text)
     previous = decode_columns(previous_text) if previous_text else None
     indexes = list(range(len(spec.versions)))
     result: Plan = plan(previous, [v.columns for v in spec.versions], spec.catalog)
-    if result.problem is not None or result.fills:
-        # Versions whose changes are all below the base LSN are in the table's snapshot already.
-        indexes = _live_versions(spark, base_dir, spec, base)
+    if result.problem is not None or result.fills or base > start:
+        # Versions whose changes are all below the base LSN are in the table's snapshot already
+        # (and must not be recorded as the last applied one: the snapshot's columns are newer).
+        indexes = _live_versions(spark, base_dir, spec, base, start)
         result = plan(previous, [spec.versions[i].columns for i in indexes], spec.catalog)
     if result.problem is not None:
         staging = base_dir.rsplit("/", 2)[0] if base_dir.count("/") >= 2 else None

@@ -197,3 +197,18 @@ def test_changes_the_stream_cannot_show_stop_until_the_table_is_resnapshotted(
     p.sql("INSERT INTO r (id) VALUES (9)")
     p.cycle()
     p.assert_equal()
+
+
+def test_a_resnapshot_past_an_add_column_is_the_new_baseline(
+    make_pipeline: Callable[[str], Pipeline],
+) -> None:
+    """A batch straddling a re-snapshot: its versions below the base LSN are in the snapshot, whose
+    columns (newer) stay what the next batch is classified against."""
+    p = make_pipeline("CREATE TABLE r (id int PRIMARY KEY, a int); INSERT INTO r VALUES (1, 1)")
+    p.sql("INSERT INTO r VALUES (2, 2)")  # under the old version, below the re-snapshot's point
+    p.sql("ALTER TABLE r ADD COLUMN at timestamptz DEFAULT clock_timestamp()")
+    p.resnapshot("public.r")
+    p.cycle()
+    p.sql("INSERT INTO r (id) VALUES (3)")
+    p.cycle()
+    p.assert_equal()
