@@ -13,9 +13,10 @@ re-snapshot, never a guess:
 * a column's type widened in a way that keeps every value (:func:`is_widening`): widen the lake column;
 * columns only removed, the rest in order: a drop (the lake keeps the column, it stops being written);
 * columns only appended at the end: an add. Rows that existed before it hold the column's *missing
-  value* (``pg_attribute.attmissingval``, kept by PostgreSQL 11+ for a non-volatile default without
-  rewriting the table), or NULL when the column has no default at all. A column with a default but
-  no missing value got its values from a volatile default or a table rewrite: unknowable here.
+  value* (``pg_attribute.attmissingval``, kept by PostgreSQL 11+ for a non-volatile default, a
+  constant or a stable expression such as ``now()``, without rewriting the table), or NULL when
+  the column has no default at all. A column with a default but no missing value got its values
+  from a volatile default or a table rewrite: unknowable here.
 * anything else (a name replaced in place: a rename; columns removed and added in one step; a
   reorder; a type change that is not a widening): a re-snapshot.
 
@@ -222,8 +223,8 @@ def _fill_for(name: str, version: int, facts: CatalogFacts | None) -> Fill | str
         return Fill(name, version, missing=False)
     return (
         f"column {name!r} was added with a default PostgreSQL keeps no missing value for (a volatile "
-        "default such as now() or a sequence, an identity, or a table rewrite since): the values of the "
-        "rows that existed before are not in the stream"
+        "default such as clock_timestamp() or a sequence, an identity, or a table rewrite since): the "
+        "values of the rows that existed before are not in the stream"
     )
 
 

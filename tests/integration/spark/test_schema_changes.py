@@ -204,11 +204,15 @@ def test_a_resnapshot_past_an_add_column_is_the_new_baseline(
 ) -> None:
     """A batch straddling a re-snapshot: its versions below the base LSN are in the snapshot, whose
     columns (newer) stay what the next batch is classified against."""
-    p = make_pipeline("CREATE TABLE r (id int PRIMARY KEY, a int); INSERT INTO r VALUES (1, 1)")
+    p = make_pipeline(
+        "CREATE TABLE r (id int PRIMARY KEY, a int); INSERT INTO r VALUES (1, 1); CREATE TABLE o (id int)"
+    )
     p.sql("INSERT INTO r VALUES (2, 2)")  # under the old version, below the re-snapshot's point
     p.sql("ALTER TABLE r ADD COLUMN at timestamptz DEFAULT clock_timestamp()")
     p.resnapshot("public.r")
-    p.cycle()
+    p.sql("INSERT INTO o VALUES (1)")  # the batch reaches past the re-snapshot's point
+    manifest = p.cycle()
+    assert [len(t.versions) for t in manifest.tables] == [1, 1]  # r: the old version only
     p.sql("INSERT INTO r (id) VALUES (3)")
     p.cycle()
     p.assert_equal()
