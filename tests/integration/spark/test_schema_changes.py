@@ -95,12 +95,16 @@ def test_added_columns_hold_what_postgresql_keeps_for_older_rows(
 ) -> None:
     p = make_pipeline(
         "CREATE TABLE t (id int PRIMARY KEY, a text);"
-        "INSERT INTO t SELECT g, 'a' || g FROM generate_series(1, 5) g"
+        "INSERT INTO t SELECT g, 'a' || g FROM generate_series(1, 5) g;"
+        # matched on the whole old row: rows staged before the ADD COLUMN need the value too
+        "CREATE TABLE f (id int, a text); ALTER TABLE f REPLICA IDENTITY FULL;"
+        "INSERT INTO f SELECT g, 'f' || g FROM generate_series(1, 3) g"
     )
     # Batch 1: rows before and after each ADD COLUMN in the same batch.
-    p.sql("INSERT INTO t VALUES (6, 'a6')")
-    p.sql("ALTER TABLE t ADD COLUMN k int DEFAULT 5")
+    p.sql("INSERT INTO t VALUES (6, 'a6'); INSERT INTO f VALUES (4, 'f4'); UPDATE f SET a = 'u' WHERE id = 1")
+    p.sql("ALTER TABLE t ADD COLUMN k int DEFAULT 5; ALTER TABLE f ADD COLUMN k int DEFAULT 5")
     p.sql("INSERT INTO t VALUES (7, 'a7'); UPDATE t SET a = 'x' WHERE id = 2")
+    p.sql("UPDATE f SET a = 'w' WHERE id = 2; DELETE FROM f WHERE id = 3")
     p.sql("ALTER TABLE t ADD COLUMN n int")  # no default: older rows read NULL
     # now() is stable, not volatile: PostgreSQL keeps the ALTER's time as the missing value
     p.sql(
