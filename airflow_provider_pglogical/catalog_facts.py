@@ -40,11 +40,13 @@ WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
 
 
 def read_facts(conn: Any, schema: str, table: str) -> dict[str, ColumnFacts]:
-    """The catalog facts of the table's current columns (empty when the table is gone)."""
+    """The catalog facts of the table's current columns (empty when the table is gone).
+
+    ``conn`` is the drain's autocommit connection: the read holds no snapshot afterwards.
+    """
     with conn.cursor() as cur:
         cur.execute(_FACTS_SQL, (schema, table))
         rows = cur.fetchall()
-    conn.rollback()  # end the read's transaction: the drain's connection is otherwise idle
     return {
         name: ColumnFacts(bool(has_missing), bool(has_default), missing)
         for name, has_missing, missing, has_default in rows
