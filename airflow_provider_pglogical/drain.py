@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from airflow_provider_pglogical.catalog_facts import record_catalog_facts
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
     PgLogicalError,
@@ -56,6 +57,7 @@ from airflow_provider_pglogical.replication.transports import (
     StreamingTransport,
     plugin_options,
 )
+from airflow_provider_pglogical.schema_changes import RelationVersion, SourceColumn
 from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES, MemoryBudget, Piece, Sequencer
 from airflow_provider_pglogical.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.types import pg_type_name
@@ -226,6 +228,13 @@ def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str
                 )
     prefix = location.path(batch_dir) + "/"
     files = tuple(path[len(prefix) :] for writer in out.writers for path in writer.files)
+    versions = tuple(
+        RelationVersion(
+            tuple(SourceColumn(c.name, c.type_oid, c.typmod) for c in relation.columns),
+            tuple(path[len(prefix) :] for path in writer.files),
+        )
+        for relation, writer in zip(out.shapes, out.writers, strict=True)
+    )
     identity = out.relation.replica_identity
     warnings: tuple[str, ...] = ()
     if identity == "n" or not out.relation.key_columns:
@@ -242,6 +251,7 @@ def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str
         rows=out.rows,
         files=files,
         warnings=warnings,
+        versions=versions,
     )
 
 
@@ -349,7 +359,7 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
         stager = _Stager(location, batch_dir)
         try:
             result, decoded_end = _read_and_stage(params, conn, settings, start, bound, stager)
-            tables = stager.close()
+            tables = record_catalog_facts(conn, location, batch_dir, stager.close())
         except BaseException:
             stager.abort()
             location.delete_dir(batch_dir)

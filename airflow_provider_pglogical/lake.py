@@ -34,6 +34,9 @@ START_LSN = "pgl.start-lsn"
 END_LSN = "pgl.end-lsn"
 BASE_LSN = "pgl.base-lsn"
 APPLIED_END_LSN = "pgl.applied-end-lsn"
+# The source columns (name, type OID, typmod) of the relation version the commit applied last
+# (schema_changes.encode_columns): the next batch's schema changes are classified against it.
+SOURCE_COLUMNS = "pgl.source-columns"
 # Table property naming the slot whose pipeline owns the table (the tables a cut is taken over).
 OWNER_PROPERTY = "pglogical.slot"
 CHANGELOG_SUFFIX = "__pgl_changelog"
@@ -167,6 +170,7 @@ class TableState:
     batch_id: str
     base_lsn: Lsn
     applied_end_lsn: Lsn
+    source_columns: str | None = None
 
 
 def commit_summary(
@@ -199,6 +203,7 @@ def state_of(history: Iterable[tuple[int, Mapping[str, str]]]) -> TableState | N
                 batch_id=summary.get(BATCH_ID, ""),
                 base_lsn=Lsn.parse(summary.get(BASE_LSN, "0/0")),
                 applied_end_lsn=Lsn.parse(summary[APPLIED_END_LSN]),
+                source_columns=summary.get(SOURCE_COLUMNS),
             )
     return None
 

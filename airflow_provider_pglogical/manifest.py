@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from airflow_provider_pglogical.errors import PgLogicalError
 from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.schema_changes import CatalogFacts, RelationVersion
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "_manifest.json"
@@ -125,6 +126,10 @@ class TableManifest:
     row_filter: str | None = None
     column_list: tuple[str, ...] | None = None
     warnings: tuple[str, ...] = ()
+    # Batches: each relation version's columns and files, and the catalog facts of the columns at
+    # drain time (schema_changes.py); absent in older manifests.
+    versions: tuple[RelationVersion, ...] = ()
+    catalog: CatalogFacts | None = None
 
     @property
     def path(self) -> str:
@@ -147,6 +152,8 @@ class TableManifest:
             "row_filter": self.row_filter,
             "column_list": None if self.column_list is None else list(self.column_list),
             "warnings": list(self.warnings),
+            **({"versions": [v.to_dict() for v in self.versions]} if self.versions else {}),
+            **({"catalog": self.catalog.to_dict()} if self.catalog is not None else {}),
         }
 
     @classmethod
@@ -167,6 +174,8 @@ class TableManifest:
             row_filter=data.get("row_filter"),
             column_list=None if column_list is None else tuple(str(c) for c in column_list),
             warnings=tuple(str(w) for w in data.get("warnings", ())),
+            versions=tuple(RelationVersion.from_dict(v) for v in data.get("versions") or ()),
+            catalog=None if data.get("catalog") is None else CatalogFacts.from_dict(data["catalog"]),
         )
 
 

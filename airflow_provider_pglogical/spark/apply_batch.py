@@ -46,6 +46,7 @@ from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lsn import ZERO, Lsn
 from airflow_provider_pglogical.manifest import Manifest, TableManifest
+from airflow_provider_pglogical.schema_changes import SourceColumn, encode_columns
 from airflow_provider_pglogical.spark import multiset
 from airflow_provider_pglogical.spark.changes import (
     COMMIT_LSN,
@@ -66,6 +67,7 @@ from airflow_provider_pglogical.spark.iceberg import (
     temp_view,
 )
 from airflow_provider_pglogical.spark.job import job_parser, run_job
+from airflow_provider_pglogical.spark.schema_evolution import plan_schema_changes
 from airflow_provider_pglogical.spark.staged import (
     base_dir,
     declared_schema,
@@ -129,12 +131,17 @@ class ApplyJob:
         self.manifest = manifest
         self.base_dir = base_dir(manifest_path)
 
-    def summary(self, base_lsn: Lsn, applied_end_lsn: Lsn) -> dict[str, str]:
+    def summary(
+        self, base_lsn: Lsn, applied_end_lsn: Lsn, source_columns: str | None = None
+    ) -> dict[str, str]:
         m = self.manifest
-        return lake.commit_summary(
+        summary = lake.commit_summary(
             slot=m.slot, kind=m.kind, batch_id=m.batch_id, start_lsn=m.start_lsn, end_lsn=m.end_lsn,
             base_lsn=base_lsn, applied_end_lsn=applied_end_lsn,
         )  # fmt: skip
+        if source_columns is not None:
+            summary[lake.SOURCE_COLUMNS] = source_columns
+        return summary
 
     def _staged(self, spec: TableManifest) -> DataFrame | None:
         if not spec.files:
@@ -167,10 +174,13 @@ class ApplyJob:
         if rows is None:
             rows = self.spark.createDataFrame([], declared_schema(spec))
         replayed, applied_end = 0, point
+        source_columns: str | None = encode_columns(
+            [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns]
+        )
         if previous is not None and previous.applied_end_lsn > point:
             rows, replayed = self._catch_up(spec, rows, previous.applied_end_lsn)
-            applied_end = previous.applied_end_lsn
-        summary = self.summary(point, applied_end)
+            applied_end, source_columns = previous.applied_end_lsn, previous.source_columns
+        summary = self.summary(point, applied_end, source_columns)
         keys = key_columns(spec, [c.name for c in _table_columns(rows)])
         rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
         if table is None:
@@ -240,11 +250,13 @@ class ApplyJob:
         if state is not None and end <= state.applied_end_lsn:
             return TableResult(spec.qualified, "skipped")
         base = state.base_lsn if state is not None else ZERO
+        steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, base)
         staged = self._live_changes(spec, base)
         if staged is None:
             if table is not None:
-                self.tables.record(table, self.summary(base, end), _snapshot_id(table))
+                self.tables.record(table, self.summary(base, end, steps.source_columns), _snapshot_id(table))
             return TableResult(spec.qualified, "applied")
+        staged = steps.fill_staged(staged, self.spark)
         changes = staged.where(sf.col(COMMIT_LSN) >= int(base)).localCheckpoint()
         count = changes.count()
         columns = _table_columns(changes)
@@ -256,12 +268,14 @@ class ApplyJob:
             self.tables.create(identifier, empty, self.summary(ZERO, ZERO), self.manifest.slot)
             table = self.tables.java_table(identifier)
         read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
+        lake_columns = self.tables.schema(identifier).fieldNames()
         self.tables.evolve(identifier, columns)
         self._append_changelog(spec, changes)
         target = self.tables.name(identifier)
         if read_snapshot is not None:
             self.tables.open_branch(table, read_snapshot)
             target = self.tables.branch_name(identifier)
+            steps.fill_lake(self.tables, target, lake_columns)  # published with the MERGE below
         schema = self.tables.schema(identifier)
         if multiset.counts_rows(spec):  # no key: a count per distinct row (spark/multiset.py)
             effect = multiset.net_counts(changes, columns, spec.qualified)
@@ -275,14 +289,15 @@ class ApplyJob:
             rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
             bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
             sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
+        summary = self.summary(base, end, steps.source_columns)
         if sql is not None:
-            self.tables.merge(sql, self.summary(base, end))
+            self.tables.merge(sql, summary)
         if read_snapshot is not None:
             self.tables.publish_branch(identifier)
         merged = self.tables.java_table(identifier)
         after = self.tables.state(merged)
         if after is None or after.applied_end_lsn < end:  # the merge changed no file: no snapshot
-            self.tables.record(merged, self.summary(base, end), read_snapshot)
+            self.tables.record(merged, summary, read_snapshot)
         log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, time.monotonic() - started)
         return TableResult(spec.qualified, "applied", count, seconds=time.monotonic() - started)
 

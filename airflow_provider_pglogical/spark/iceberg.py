@@ -63,6 +63,10 @@ class SchemaConflictError(ApplyError):
     """A column's type changed in a way the lake table cannot hold."""
 
 
+class ResnapshotNeededError(SchemaConflictError):
+    """A schema change whose effect on existing rows the stream cannot show: re-snapshot the table."""
+
+
 class ConcurrentWriteError(ApplyError):
     """Another writer committed the table first: redo the table from its new state."""
 

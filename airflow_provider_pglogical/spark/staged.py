@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import (
     BinaryType,
@@ -29,8 +30,8 @@ from pyspark.sql.types import (
 )
 
 from airflow_provider_pglogical.manifest import Manifest, TableManifest
-from airflow_provider_pglogical.spark.changes import COMMIT_LSN
-from airflow_provider_pglogical.spark.iceberg import ApplyError, SchemaConflictError
+from airflow_provider_pglogical.spark.changes import COMMIT_LSN, OLD, column
+from airflow_provider_pglogical.spark.iceberg import ApplyError, SchemaConflictError, widened
 
 
 def read_text(spark: SparkSession, path: str) -> str | None:
@@ -76,21 +77,47 @@ def key_columns(spec: TableManifest, columns: Sequence[str]) -> list[str]:
 
 
 def read_staged(spark: SparkSession, table: str, paths: Sequence[str]) -> DataFrame:
-    """Staged files as one frame; files of several relation versions merge to the union of columns."""
+    """Staged files as one frame; files of several relation versions merge to the union of columns.
+
+    A column widened between versions (int to bigint, float4 to float8, a larger numeric
+    precision: Spark's schema merge refuses these) is read at its widest type; any other type
+    change within one batch is a :class:`SchemaConflictError`.
+    """
     try:
         return spark.read.option("mergeSchema", "true").parquet(*paths)
     except (PySparkException, Py4JJavaError):  # CANNOT_MERGE_SCHEMAS arrives unconverted
-        seen: dict[str, tuple[str, str]] = {}
-        for path in paths:  # name the column and the files, rather than Spark's schema dump
-            for col in spark.read.parquet(path).schema.fields:
-                first = seen.setdefault(col.name, (col.dataType.simpleString(), path))
-                if first[0] != col.dataType.simpleString():
-                    raise SchemaConflictError(
-                        f"table {table}: column {col.name!r} changed type from {first[0]} ({first[1]}) "
-                        f"to {col.dataType.simpleString()} ({path}) within one batch; re-snapshot the "
-                        f"table, or revert the type change"
-                    ) from None
-        raise
+        pass
+    frames = [spark.read.parquet(path) for path in paths]
+    widest: dict[str, tuple[DataType, str]] = {}
+    for path, frame in zip(paths, frames, strict=True):
+        fields = [f for f in frame.schema.fields if f.name != OLD]
+        if OLD in frame.columns:
+            fields += [StructField(f"{OLD}.{f.name}", f.dataType) for f in frame.schema[OLD].dataType.fields]  # type: ignore[attr-defined]
+        for col in fields:
+            first = widest.setdefault(col.name, (col.dataType, path))
+            try:
+                wider = widened(first[0], col.dataType)
+            except ValueError:  # name the column and the files, rather than Spark's schema dump
+                raise SchemaConflictError(
+                    f"table {table}: column {col.name!r} changed type from {first[0].simpleString()} "
+                    f"({first[1]}) to {col.dataType.simpleString()} ({path}) within one batch; re-snapshot "
+                    "the table, or revert the type change"
+                ) from None
+            if wider is not None:
+                widest[col.name] = (wider, first[1])
+    cast = [frame.select(*[_widest(frame, name, widest) for name in frame.columns]) for frame in frames]
+    return functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), cast)
+
+
+def _widest(frame: DataFrame, name: str, widest: dict[str, tuple[DataType, str]]) -> Column:
+    """Column ``name`` of one staged file at the widest type its versions reach (``_pgl_old`` fields too)."""
+    if name == OLD:
+        old: StructType = frame.schema[OLD].dataType  # type: ignore[assignment]
+        fields = [
+            sf.col(OLD).getField(f.name).cast(widest[f"{OLD}.{f.name}"][0]).alias(f.name) for f in old.fields
+        ]
+        return sf.when(sf.col(OLD).isNull(), sf.lit(None)).otherwise(sf.struct(*fields)).alias(OLD)
+    return column(name).cast(widest[name][0]).alias(name)
 
 
 def files_reaching(spark: SparkSession, paths: Sequence[str], base: int) -> list[str]:
