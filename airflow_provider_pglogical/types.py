@@ -432,7 +432,7 @@ _PG_EPOCH_US = 946_684_800_000_000
 _DAY_US = 86_400_000_000
 # date32 and timestamp[us] bounds that keep values in years 1..9999, like the text route.
 _DATE_RANGE = (-719_162, 2_932_896)
-_TIMESTAMP_RANGE = (-62_135_596_800_000_000, 253_402_300_800_000_000)
+_TIMESTAMP_RANGE = (-62_135_596_800_000_000, 253_402_300_800_000_000 - 1)
 _NUMERIC_HEAD = struct.Struct("!hhHh")
 # date and timestamp send ``infinity`` / ``-infinity`` as the extremes of their integer type.
 _DATE_INFINITIES = {2**31 - 1: "infinity", -(2**31): "-infinity"}
