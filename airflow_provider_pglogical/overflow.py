@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 
 from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.manifest import ColumnManifest
 from airflow_provider_pglogical.types import (
     binary_to_arrow_with_overflow,
     can_overflow,
@@ -29,6 +30,7 @@ from airflow_provider_pglogical.types import (
 
 SUFFIX = "__pgl_text"
 """Reserved ending of sibling column names."""
+_TEXT_OID = 25
 
 
 class ReservedColumnNameError(PgLogicalError):
@@ -103,3 +105,14 @@ def with_sibling_unchanged(unchanged: pa.Array, siblings: Iterable[str]) -> pa.A
     lists = unchanged.to_pylist()
     extended = [row + [sibling_name(c) for c in row if c in has] if row else row for row in lists]
     return pa.array(extended, unchanged.type)
+
+
+def sibling_manifests(table_columns: Iterable[str], staged: Iterable[str]) -> list[ColumnManifest]:
+    """Manifest entries of the siblings among ``staged`` field names (text columns, never keys),
+    in the order of the table columns they belong to."""
+    present = set(staged)
+    return [
+        ColumnManifest(sibling_name(name), "text", _TEXT_OID, -1, "string")
+        for name in table_columns
+        if sibling_name(name) in present
+    ]
