@@ -1,4 +1,4 @@
-"""Values a lake type cannot hold, and ``time``, through snapshot and CDC batches into Iceberg (issue 13, items 4, 5).
+"""Values a lake type cannot hold, and ``time``, through snapshot and CDC into Iceberg (issue 13, items 4, 5).
 
 Real PostgreSQL, the real drain, the real apply job in the test's Spark session. Every value the
 typed column cannot hold (±infinity, BC, year 10000, NaN/±Infinity in numeric(p,s), arrays with
@@ -15,6 +15,7 @@ from typing import Any
 import psycopg2
 import pyarrow.parquet as pq
 import pytest
+from psycopg2 import sql
 from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
@@ -45,21 +46,24 @@ FITTING = {
 OVERFLOWING = [
     {"d": "infinity", "ts": "-infinity", "tstz": "infinity", "n10": "NaN", "t": "24:00:00",
      "ia": "{{1,2},{3,4}}", "da": "{2024-01-01,infinity}", "ta": "{24:00:00}"},
-    {"d": "-infinity", "ts": "0044-03-15 BC", "tstz": "10000-01-01 00:00:00+00", "n10": "NaN", "nn": "Infinity",
-     "ia": "[0:1]={1,2}", "da": "{-infinity}", "t": "00:00:00"},
-    {"d": "0044-03-15 BC", "ts": "10000-01-01", "tstz": "0044-03-15 12:00:00+00 BC", "n10": "NaN", "nn": "-Infinity",
-     "da": "[2:2]={2024-01-01}"},
+    {"d": "-infinity", "ts": "0044-03-15 BC", "tstz": "10000-01-01 00:00:00+00", "n10": "NaN",
+     "nn": "Infinity", "ia": "[0:1]={1,2}", "da": "{-infinity}", "t": "00:00:00"},
+    {"d": "0044-03-15 BC", "ts": "10000-01-01", "tstz": "0044-03-15 12:00:00+00 BC", "n10": "NaN",
+     "nn": "-Infinity", "da": "[2:2]={2024-01-01}"},
     {"d": "10000-01-01", "ts": "infinity", "tstz": "-infinity", "n10": "NaN", "nn": "NaN", "n60": "NaN"},
 ]  # fmt: skip
 BIG_2D = "{" + ",".join("{" + ",".join(str(i * 3000 + j) for j in range(3000)) + "}" for i in range(2)) + "}"
 
 
 def _create(pg: PostgresCluster, db: str, table: str, columns: dict[str, str]) -> None:
-    body = ", ".join(f"{name} {pg_type}" for name, pg_type in columns.items())
-    pg.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, note text, {body})", db)
+    body = sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in columns.items()
+    )
+    name = sql.Identifier(table)
+    pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, note text, {})").format(name, body), db)
     if "big" in columns:  # out of line and uncompressed, so an UPDATE of note sends big as 'u'
-        pg.execute(f"ALTER TABLE {table} ALTER COLUMN big SET STORAGE EXTERNAL", db)
-    pg.execute(f"CREATE PUBLICATION {table}_pub FOR TABLE {table}", db)
+        pg.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN big SET STORAGE EXTERNAL").format(name), db)
+    pg.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(sql.Identifier(f"{table}_pub"), name), db)
 
 
 def _write(dsn: str, table: str, rows: dict[int, dict[str, str | None]], columns: dict[str, str]) -> None:
@@ -67,14 +71,16 @@ def _write(dsn: str, table: str, rows: dict[int, dict[str, str | None]], columns
     conn = psycopg2.connect(dsn)
     with conn, conn.cursor() as cur:
         for key, row in rows.items():
-            names = ["id", "note", *columns]
+            names = [sql.Identifier(n) for n in ("id", "note", *columns)]
             values = [key, row.get("note", f"n{key}"), *[row.get(c) for c in columns]]
-            sets = ", ".join(f"{n} = EXCLUDED.{n}" for n in names[1:])
-            cur.execute(
-                f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "
-                f"ON CONFLICT (id) DO UPDATE SET {sets}",
-                values,
+            sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(n) for n in names[1:])
+            statement = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT (id) DO UPDATE SET {}").format(
+                sql.Identifier(table),
+                sql.SQL(", ").join(names),
+                sql.SQL(", ").join([sql.Placeholder()] * len(names)),
+                sets,
             )
+            cur.execute(statement, values)
     conn.close()
 
 
@@ -95,15 +101,15 @@ def assert_lake_is_postgres_text(dsn: str, lake: LakeConfig, table: str, columns
     siblings = 0
     with conn, conn.cursor() as cur:
         cur.execute("SET TIME ZONE 'UTC'")
-        cur.execute(f"SELECT id, {', '.join(f'{c}::text' for c in columns)} FROM {table} ORDER BY id")
+        texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns)
+        cur.execute(sql.SQL("SELECT id, {} FROM {} ORDER BY id").format(texts, sql.Identifier(table)))
         source = {row[0]: row[1:] for row in cur.fetchall()}
+        casts = sql.SQL(", ").join(sql.SQL("(%s)::{}::text").format(sql.SQL(t)) for t in columns.values())
         assert sorted(source) == sorted(lake_rows)
         for key, texts in source.items():
             row = lake_rows[key]
             typed = [row[c] for c in columns]
-            cur.execute(
-                "SELECT " + ", ".join(f"(%s)::{pg_type}::text" for pg_type in columns.values()), typed
-            )
+            cur.execute(sql.SQL("SELECT {}").format(casts), typed)
             (cast_back,) = cur.fetchall()
             for name, text, value, back in zip(columns, texts, typed, cast_back, strict=True):
                 sibling = row.get(sibling_name(name))
