@@ -156,6 +156,8 @@ def run(spark: SparkSession, spec: dict[str, Any]) -> dict[str, Any]:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.ansi.enabled", "true")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    # Proleptic Gregorian, like every other writer of staged files (no rebase, no refusal pre-1582).
+    spark.conf.set("spark.sql.parquet.datetimeRebaseModeInWrite", "CORRECTED")
     spark.conf.set("spark.sql.parquet.compression.codec", "snappy")
     written = {}
     for table in spec["tables"]:

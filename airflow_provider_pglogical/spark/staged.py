@@ -76,9 +76,18 @@ def key_columns(spec: TableManifest, columns: Sequence[str]) -> list[str]:
 
 
 def read_staged(spark: SparkSession, table: str, paths: Sequence[str]) -> DataFrame:
-    """Staged files as one frame; files of several relation versions merge to the union of columns."""
+    """Staged files as one frame; files of several relation versions merge to the union of columns.
+
+    Staged dates and timestamps are proleptic Gregorian (pyarrow, and Spark 3 writers): read as
+    they are (``CORRECTED``), not refused, as Spark does by default for dates before 1582-10-15.
+    """
     try:
-        return spark.read.option("mergeSchema", "true").parquet(*paths)
+        return (
+            spark.read.option("mergeSchema", "true")
+            .option("datetimeRebaseMode", "CORRECTED")
+            .option("int96RebaseMode", "CORRECTED")
+            .parquet(*paths)
+        )
     except (PySparkException, Py4JJavaError):  # CANNOT_MERGE_SCHEMAS arrives unconverted
         seen: dict[str, tuple[str, str]] = {}
         for path in paths:  # name the column and the files, rather than Spark's schema dump

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg2
 import pyarrow.parquet as pq
 import pytest
+from pg_text import lake_vs_postgres
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
@@ -93,34 +94,10 @@ def _execute(dsn: str, statements: list[str]) -> None:
 
 
 def assert_lake_is_postgres_text(dsn: str, lake: LakeConfig, table: str, columns: dict[str, str]) -> int:
-    """Every lake value (sibling text, else the typed value cast back by PostgreSQL) is the source's
-    ``col::text``, and a sibling is set exactly where the typed column is NULL but the source is not.
-    Returns how many values were read from siblings."""
-    lake_rows = {row["id"]: row for row in read_table(lake, "public", table).to_pylist()}
-    conn = psycopg2.connect(dsn)
-    siblings = 0
-    with conn, conn.cursor() as cur:
-        cur.execute("SET TIME ZONE 'UTC'")
-        texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns)
-        cur.execute(sql.SQL("SELECT id, {} FROM {} ORDER BY id").format(texts, sql.Identifier(table)))
-        source = {row[0]: row[1:] for row in cur.fetchall()}
-        casts = sql.SQL(", ").join(sql.SQL("(%s)::{}::text").format(sql.SQL(t)) for t in columns.values())
-        assert sorted(source) == sorted(lake_rows)
-        for key, texts in source.items():
-            row = lake_rows[key]
-            typed = [row[c] for c in columns]
-            cur.execute(sql.SQL("SELECT {}").format(casts), typed)
-            (cast_back,) = cur.fetchall()
-            for name, text, value, back in zip(columns, texts, typed, cast_back, strict=True):
-                sibling = row.get(sibling_name(name))
-                if sibling is not None:
-                    siblings += 1
-                    assert value is None, (key, name, value, sibling)
-                    assert sibling == text, (key, name, sibling, text)
-                else:
-                    assert back == text, (key, name, value, text)
-    conn.close()
-    return siblings
+    """Every lake value is the source's ``col::text`` (pg_text.py); returns how many are siblings."""
+    verdicts = lake_vs_postgres(dsn, lake, table, columns)
+    assert {name: v.differences for name, v in verdicts.items() if v.differences} == {}
+    return sum(v.via_sibling for v in verdicts.values())
 
 
 def _drain_and_apply(
@@ -143,6 +120,7 @@ def test_overflowing_values_and_time_reach_the_lake_exactly(
     columns = {**SCALARS, **ARRAYS}
     _create(pg_cluster, pg_dbname, "vals", columns)
     initial: dict[int, dict[str, str | None]] = {0: FITTING, 5: {}, 6: {**FITTING, "big": BIG_2D}}
+    initial[7] = {"d": "0001-01-01", "ts": "1500-06-01 12:00:00", "da": "{1000-01-01}"}  # before 1582
     initial |= {i + 1: row for i, row in enumerate(OVERFLOWING)}
     _write(dsn, "vals", initial, columns)
     staging = tmp_path / "staging"
@@ -198,7 +176,8 @@ def test_spark_snapshot_engine_stages_the_same_values(
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
     _create(pg_cluster, pg_dbname, "scal", SCALARS)
-    rows: dict[int, dict[str, str | None]] = {0: FITTING, 5: {}}
+    ancient = {"d": "0001-01-01", "ts": "1500-06-01 12:00:00", "tstz": "0001-01-01 00:00:00+00"}
+    rows: dict[int, dict[str, str | None]] = {0: FITTING, 5: {}, 6: ancient}
     rows |= {i + 1: {k: v for k, v in row.items() if k in SCALARS} for i, row in enumerate(OVERFLOWING)}
     _write(dsn, "scal", rows, SCALARS)
     url, properties, _ = jdbc_connection(dsn)
