@@ -793,8 +793,9 @@ def _typed_batches(
             for i, column in enumerate(plan.columns)
         ]
         typed = [values for values, _ in converted]
-        names = [column.name for column in plan.columns]
-        fields, siblings = overflow.add_siblings(names, typed, [text for _, text in converted])
+        fields, siblings = overflow.add_siblings(
+            [column.name for column in plan.columns], typed, [text for _, text in converted]
+        )
         if fields:
             yield pa.RecordBatch.from_arrays(typed + siblings, schema=pa.schema([*schema, *fields]))
         else:
