@@ -200,3 +200,31 @@ def test_spark_snapshot_engine_stages_the_same_values(
     results = compare_tables(dsn, ["scal_pub"], lake_config, scratch=str(tmp_path / "verify"))
     assert all(r.equal for r in results), format_report(results)
     assert_lake_is_postgres_text(dsn, lake_config, "scal", SCALARS)
+
+
+@pytest.mark.timeout(900)
+def test_replica_identity_full_matches_rows_on_their_siblings(
+    spark: SparkSession, lake_config: LakeConfig, pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+) -> None:
+    """FULL tables match old rows on every column: an overflowing old value is matched by its sibling
+    (in ``_pgl_old``), so updates and deletes of such rows reach the lake."""
+    dsn = pg_cluster.dsn(pg_dbname)
+    _create(pg_cluster, pg_dbname, "fullt", SCALARS)
+    pg_cluster.execute("ALTER TABLE fullt REPLICA IDENTITY FULL", pg_dbname)
+    rows: dict[int, dict[str, str | None]] = {0: FITTING, 5: {}}
+    rows |= {i + 1: {k: v for k, v in row.items() if k in SCALARS} for i, row in enumerate(OVERFLOWING)}
+    _write(dsn, "fullt", rows, SCALARS)
+    path, _ = take_snapshot(dsn, "full_slot", ["fullt_pub"], str(tmp_path / "staging"))
+    apply_manifest(spark, path, lake_config)
+    _write(
+        dsn, "fullt", {1: {**FITTING, "note": "fits now"}, 0: {"d": "infinity", "note": "overflows"}}, SCALARS
+    )
+    _execute(dsn, ["DELETE FROM fullt WHERE id = 2", "UPDATE fullt SET note = 'kept' WHERE id = 3"])
+    batch = _drain_and_apply(spark, dsn, "full_slot", "fullt_pub", tmp_path / "staging", lake_config)
+    old_fields = (
+        pq.read_schema(f"{batch.batch_uri}/{batch.manifest.tables[0].files[0]}").field("_pgl_old").type
+    )
+    assert sibling_name("d") in [f.name for f in old_fields]
+    results = compare_tables(dsn, ["fullt_pub"], lake_config, scratch=str(tmp_path / "verify"))
+    assert all(r.equal for r in results), format_report(results)
+    assert_lake_is_postgres_text(dsn, lake_config, "fullt", SCALARS)
