@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_provider_pglogical import overflow
-from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotActiveError, SlotLostError
+from airflow_provider_pglogical.errors import (
+    RECOVERY_DAG,
+    PgLogicalError,
+    SlotActiveError,
+    SlotLostError,
+    StagingNotWritableError,
+)
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import (
     ColumnManifest,
@@ -43,7 +49,7 @@ from airflow_provider_pglogical.replication import (
     describe_publications,
     describe_slot,
 )
-from airflow_provider_pglogical.replication.connection import ConnParams
+from airflow_provider_pglogical.replication.connection import ConnParams, read_raw_text, stores_raw_text
 from airflow_provider_pglogical.replication.transports import (
     PeekTransport,
     RawMessages,
@@ -59,10 +65,6 @@ log = logging.getLogger(__name__)
 
 Transport = Literal["peek", "stream"]
 MIN_MEMORY_BYTES = 32 << 20
-
-
-class StagingNotWritableError(PgLogicalError):
-    """The staging location cannot be written (permissions, missing bucket, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,20 @@ class _Stager:
         self.tables: dict[tuple[str, str], _TableOutput] = {}
 
     def add(self, changes: TableChanges) -> None:
+        try:
+            self._add(changes)
+        except OSError as exc:
+            raise self.write_error(exc) from exc
+
+    def write_error(self, exc: OSError) -> StagingNotWritableError:
+        """A failed write (disk full, read-only, permissions) as the error that says what to do."""
+        return StagingNotWritableError(
+            f"cannot write the batch to {self.location.uri_of(self.batch_dir)}: {exc}. Nothing of this "
+            "batch is kept and the slot did not move: free space in (or fix) the staging location, then "
+            "run the drain again."
+        )
+
+    def _add(self, changes: TableChanges) -> None:
         relation = changes.relation
         key = (relation.namespace, relation.name)
         out = self.tables.get(key)
@@ -182,7 +198,10 @@ class _Stager:
         manifests = []
         for out in self.tables.values():
             for writer in out.writers:
-                writer.close()
+                try:
+                    writer.close()
+                except OSError as exc:
+                    raise self.write_error(exc) from exc
             manifests.append(_table_manifest(out, self.location, self.batch_dir))
         return manifests
 
@@ -355,7 +374,10 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
                 seconds=round(time.monotonic() - started, 3),
             ),
         )
-        path = location.write_manifest(batch_dir, manifest)
+        try:
+            path = location.write_manifest(batch_dir, manifest)
+        except OSError as exc:  # the batch stays without a manifest: the retry redoes it
+            raise stager.write_error(exc) from exc
         log.info(
             "staged batch %s: %s..%s, %d changes in %d transactions, %.1fs",
             batch_id, manifest.start_lsn, manifest.end_lsn, manifest.stats.changes,
@@ -371,6 +393,7 @@ def _chunks(
 ) -> Iterator[RawMessages]:
     chunk_bytes = settings.chunk_bytes or MemoryBudget(settings.max_memory_bytes).chunk_bytes
     if settings.transport == "peek":
+        read_raw_text(conn)
         options = plugin_options(settings.publications, proto_version=1)
         yield from PeekTransport(conn, chunk_bytes=chunk_bytes).read(
             settings.slot, options, upto_lsn=bound, max_messages=settings.max_messages, result=result
@@ -378,6 +401,7 @@ def _chunks(
         return
     repl = connect_replication(params)
     try:
+        read_raw_text(repl)
         options = plugin_options(settings.publications, proto_version=2, streaming=True)
         transport = StreamingTransport(repl, chunk_messages=settings.chunk_messages, chunk_bytes=chunk_bytes)
         yield from transport.read(
@@ -409,10 +433,21 @@ class _DecodeStage:
         self.pending: deque[Future[None]] = deque()
         self.depth = depth
         self.next_seq = 0  # where a transaction continued in the next piece goes on numbering
+        self.failure: BaseException | None = None
+
+    def _wait(self, future: Future[None]) -> None:
+        """Re-raise a decode or staging error, the first one only: pieces staged after it fail
+        because of it (a full disk closes the file they write to), and would hide the cause."""
+        try:
+            future.result()
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+                raise
 
     def submit(self, piece: Piece) -> None:
         while len(self.pending) >= self.depth:
-            self.pending.popleft().result()  # re-raises a decode or staging error here
+            self._wait(self.pending.popleft())
         raw = piece.raw
         first_seq = self.next_seq if piece.continues else 0
         prepared = self.decoder.prepare(raw.buffer, raw.offsets, raw.lengths, raw.lsns, first_seq=first_seq)
@@ -429,7 +464,7 @@ class _DecodeStage:
     def finish(self) -> None:
         try:
             while self.pending:
-                self.pending.popleft().result()
+                self._wait(self.pending.popleft())
         finally:
             self.staging.shutdown(wait=True, cancel_futures=True)
             self.typing.shutdown(wait=True, cancel_futures=True)
@@ -440,7 +475,8 @@ def _read_and_stage(
 ) -> tuple[ReadResult, Lsn | None]:
     """Stage the window's committed transactions piece by piece; returns the read result and
     the end LSN of the last transaction staged."""
-    decoder = BatchDecoder(1, max_rows=settings.max_rows_per_batch)  # the sequencer hands over protocol 1
+    # The sequencer hands over protocol 1; a SQL_ASCII database's text comes as stored (raw_text.py).
+    decoder = BatchDecoder(1, max_rows=settings.max_rows_per_batch, raw_text=stores_raw_text(conn))
     progress = _Progress(settings.slot, settings.progress_seconds)
     stage = _DecodeStage(decoder, stager, progress)
     sequencer = Sequencer(MemoryBudget(settings.max_memory_bytes), settings.spill_dir)

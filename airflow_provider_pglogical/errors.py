@@ -57,3 +57,15 @@ class SlotLostError(PgLogicalError):
 
 class SlotAdvanceError(PgLogicalError):
     """A slot could not be advanced to the requested position."""
+
+
+class NameEncodingError(PgLogicalError):
+    """A published name is not valid UTF-8 (possible only in a SQL_ASCII database)."""
+
+
+class StagingNotWritableError(PgLogicalError):
+    """The staging location cannot be written (permissions, read-only, disk full, missing bucket, ...)."""
+
+
+class ConnectionLostError(PgLogicalError):
+    """The connection to PostgreSQL broke mid-read (server restart, terminated backend, network)."""

@@ -46,6 +46,7 @@ from psycopg2 import sql
 from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
+    ConnectionLostError,
     PgLogicalError,
     PrivilegeError,
     PublicationEmptyError,
@@ -53,6 +54,7 @@ from airflow_provider_pglogical.errors import (
     SlotExistsError,
     SlotLostError,
     SlotNotFoundError,
+    StagingNotWritableError,
 )
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import (
@@ -64,8 +66,16 @@ from airflow_provider_pglogical.manifest import (
     snapshot_batch_id,
     table_dir_name,
 )
+from airflow_provider_pglogical.raw_text import escape_raw_text
 from airflow_provider_pglogical.replication import connect, connect_replication
-from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS, ConnParams
+from airflow_provider_pglogical.replication.connection import (
+    SESSION_OPTIONS,
+    ConnParams,
+    connection_lost_detail,
+    is_connection_loss,
+    read_raw_text,
+    stores_raw_text,
+)
 from airflow_provider_pglogical.replication.publications import PublishedTable, published_tables
 from airflow_provider_pglogical.replication.slots import (
     SNAPSHOT_HOLDER_OPTIONS,
@@ -108,7 +118,7 @@ log = logging.getLogger(__name__)
 
 # Workers sit idle in their transaction between ranges, like the holder (SNAPSHOT_HOLDER_OPTIONS).
 # row_security = off makes a policy fail the copy loudly instead of hiding rows from it.
-WORKER_OPTIONS = "-c idle_in_transaction_session_timeout=0 -c row_security=off -c client_encoding=UTF8"
+WORKER_OPTIONS = "-c idle_in_transaction_session_timeout=0 -c row_security=off"
 IMPORT_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 DEFAULT_PARALLELISM = 2
@@ -418,6 +428,13 @@ def _select_tables(published: list[PublishedTable], tables: Sequence[str] | None
     return chosen
 
 
+# What ends the connection that holds an exported snapshot, when it is not a one-off restart.
+_HOLDER_ADVICE = (
+    "If it happens again, look for what ends idle connections: pg_terminate_backend jobs, proxies, "
+    "idle_in_transaction_session_timeout or idle_session_timeout set for the role or database."
+)
+
+
 def import_snapshot(conn: Any, snapshot_name: str) -> None:
     """Start a read-only repeatable-read transaction on ``conn`` that sees ``snapshot_name``."""
     with conn.cursor() as cur:
@@ -427,7 +444,8 @@ def import_snapshot(conn: Any, snapshot_name: str) -> None:
         except (psycopg2.errors.InvalidParameterValue, psycopg2.errors.UndefinedObject) as exc:
             raise SnapshotLostError(
                 f"exported snapshot {snapshot_name} can no longer be imported ({exc.pgerror or exc}): the "
-                "replication connection holding it was closed or terminated"
+                "replication connection holding it was closed or terminated. The snapshot was discarded "
+                f"and its slot dropped; run it again. {_HOLDER_ADVICE}"
             ) from exc
 
 
@@ -590,6 +608,7 @@ class _LocalCopy:
         with self.lock:
             self.connections.append(conn)
         try:
+            raw_text = read_raw_text(conn)
             while not self.cancelled.is_set():
                 try:
                     task = self.tasks.get_nowait()
@@ -598,7 +617,7 @@ class _LocalCopy:
                 # One transaction per range: its lock on the table is held for that range only, so
                 # DDL elsewhere (and the queries queued behind it) never waits for the whole copy.
                 import_snapshot(conn, self.run.snapshot_name)
-                self._copy(conn, task)
+                self._copy(conn, task, raw_text)
                 with conn.cursor() as cur:
                     cur.execute("COMMIT")
         except BaseException:
@@ -607,7 +626,7 @@ class _LocalCopy:
         finally:
             conn.close()
 
-    def _copy(self, conn: Any, task: _Task) -> None:
+    def _copy(self, conn: Any, task: _Task, raw_text: bool) -> None:
         plan = task.plan
         writer = PartFileWriter(
             self.run.location,
@@ -619,7 +638,7 @@ class _LocalCopy:
         command = sql.SQL("COPY ({}) TO STDOUT").format(plan.select(task.block_range))
         try:
             with _copy_stream(conn, command) as stream:
-                for batch in _typed_batches(stream, plan, self.batch_bytes, self.max_memory_bytes):
+                for batch in _typed_batches(stream, plan, self.batch_bytes, self.max_memory_bytes, raw_text):
                     if self.cancelled.is_set():
                         raise _CancelledError
                     writer.write(batch)
@@ -666,6 +685,17 @@ def _explain(exc: BaseException, plan: TablePlan) -> BaseException:
         return PrivilegeError(
             f"the role lacks SELECT on published table {plan.qualified}: GRANT SELECT ON {plan.qualified} "
             "TO <role>;"
+        )
+    if isinstance(exc, psycopg2.Error) and is_connection_loss(exc):
+        return ConnectionLostError(
+            f"lost the connection copying table {plan.qualified} ({connection_lost_detail(exc)}): the "
+            "server restarted or the backend was terminated, so its COPY stream ended early. The "
+            "snapshot was discarded and its slot dropped; run it again."
+        )
+    if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):  # not the COPY's own pipe
+        return StagingNotWritableError(
+            f"cannot write the snapshot of table {plan.qualified} to staging: {exc}. The snapshot was "
+            "discarded and its slot dropped: free space in (or fix) the staging location, then run it again."
         )
     return exc
 
@@ -762,7 +792,11 @@ def _whole_rows(stream: io.BufferedReader[io.FileIO], size: int, max_row_bytes: 
 
 
 def _typed_batches(
-    stream: io.BufferedReader[io.FileIO], plan: TablePlan, batch_bytes: int, max_memory_bytes: int
+    stream: io.BufferedReader[io.FileIO],
+    plan: TablePlan,
+    batch_bytes: int,
+    max_memory_bytes: int,
+    raw_text: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Parse COPY's text format into string columns, then type each with ``types.text_to_arrow``;
     a chunk where some values do not fit their type carries their overflow siblings too.
@@ -770,14 +804,17 @@ def _typed_batches(
     Text format (tab-separated, ``\\N`` for NULL, backslash escapes) costs the server less
     than CSV and parses faster: tabs and newlines inside values are always escaped, so
     rows and fields split on the raw characters. Every value is read as a string first
-    because the conversion to Arrow types is the drain's too.
+    because the conversion to Arrow types is the drain's too. ``raw_text``: the values are a
+    SQL_ASCII database's bytes, read as binary and staged by the rule of ``raw_text.py``.
     """
     names = [f"c{i}" for i in range(len(plan.columns))]
     parse_options = pacsv.ParseOptions(
         delimiter="\t", quote_char=False, escape_char=False, ignore_empty_lines=False
     )
     convert_options = pacsv.ConvertOptions(
-        column_types=dict.fromkeys(names, pa.string()), null_values=["\\N"], strings_can_be_null=True
+        column_types=dict.fromkeys(names, pa.binary() if raw_text else pa.string()),
+        null_values=["\\N"],
+        strings_can_be_null=True,
     )
     schema = plan.arrow_schema
     for chunk in _whole_rows(stream, batch_bytes, max_memory_bytes // _ROW_COPIES):
@@ -788,8 +825,9 @@ def _typed_batches(
             parse_options=parse_options,
             convert_options=convert_options,
         )
+        columns = [escape_raw_text(c) if raw_text else c for c in table.columns]
         converted = [
-            overflow.typed_with_text(decode_copy_text(table.column(i)), column.type_oid, column.typmod)
+            overflow.typed_with_text(decode_copy_text(columns[i]), column.type_oid, column.typmod)
             for i, column in enumerate(plan.columns)
         ]
         typed = [values for values, _ in converted]
@@ -1041,14 +1079,23 @@ class SnapshotRun:
         """Raise :class:`SnapshotLostError` unless the connection holding the snapshot is alive."""
         if self._holder is None or self._holder.closed:
             raise SnapshotLostError(f"the connection holding snapshot {self.snapshot_name} is closed")
-        with self._catalog.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (self._holder_pid,))
-            alive = cur.fetchone() is not None
+        try:
+            with self._catalog.cursor() as cur:
+                cur.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (self._holder_pid,))
+                alive = cur.fetchone() is not None
+        except psycopg2.Error as exc:
+            if not is_connection_loss(exc):
+                raise
+            raise SnapshotLostError(
+                f"lost the connection to PostgreSQL during the snapshot copy ({connection_lost_detail(exc)}):"
+                f" the server restarted or its backends were terminated, and snapshot {self.snapshot_name} "
+                "went with them. The copy was discarded and its slot dropped; run the snapshot again."
+            ) from exc
         if not alive:
             raise SnapshotLostError(
                 f"the replication connection holding snapshot {self.snapshot_name} (backend pid "
                 f"{self._holder_pid}) was terminated during the copy; the copy may mix states, so it was "
-                "discarded. Check for idle-connection killers (pg_terminate_backend jobs, proxies) and retry."
+                f"discarded and its slot dropped; run it again. {_HOLDER_ADVICE}"
             )
 
     def copy_local(
@@ -1085,6 +1132,12 @@ class SnapshotRun:
             raise PgLogicalError(
                 f"the Spark copy engine cannot type {', '.join(unsupported)} (arrays need the local "
                 "engine's text conversion); use copy_engine='local' or choose other tables"
+            )
+        if stores_raw_text(self._catalog):
+            raise PgLogicalError(
+                f"database {self.database!r} is SQL_ASCII: the Spark copy engine reads through JDBC as "
+                "UTF-8, which the server refuses for stored bytes that are not UTF-8; use "
+                "copy_engine='local', which stages them by the SQL_ASCII rule (docs/FORMATS.md)"
             )
         session = " ".join(filter(None, [jdbc_properties.get("options"), WORKER_OPTIONS, SESSION_OPTIONS]))
         tables = []

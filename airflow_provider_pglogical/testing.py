@@ -231,9 +231,31 @@ class PostgresCluster:
         lines += [f"port = {self.port}", f"unix_socket_directories = '{self._root}/sock'"]
         (self.datadir / "postgresql.auto.conf").write_text("\n".join(lines) + "\n")
 
-    def restart(self) -> None:
-        """Restart the server, e.g. after ``ALTER SYSTEM`` of a setting that needs it."""
-        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "restart", "-m", "fast"])
+    def restart(self, mode: str = "fast") -> None:
+        """Restart the server, e.g. after ``ALTER SYSTEM`` of a setting that needs it.
+
+        ``mode`` is pg_ctl's shutdown mode: ``"fast"`` ends sessions cleanly, ``"immediate"`` is a
+        crash (every process killed, recovery on start). The new server logs to the same file as
+        the first: left on pg_ctl's captured output, it would hold that pipe open and this call
+        would never return.
+        """
+        if self._root is None:
+            raise RuntimeError("cluster not started")
+        self._run(
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-l",
+                str(self._root / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "restart",
+                "-m",
+                mode,
+            ]
+        )
 
     def stop(self) -> None:
         """Stop the server immediately and delete its files; safe to call twice."""
@@ -282,7 +304,18 @@ class PostgresCluster:
         return self.dsn(name)
 
     def drop_database(self, name: str) -> None:
-        """Drop a database, first dropping the replication slots that pin it."""
+        """Drop a database, first dropping the replication slots that pin it.
+
+        A walsender exits a moment after its client closed the connection, and its slot (a
+        temporary one too) stays active until then: wait for that before dropping anything.
+        """
+        with contextlib.suppress(TimeoutError):
+            self.wait_for(
+                sql.SQL(
+                    "SELECT NOT EXISTS (SELECT FROM pg_replication_slots WHERE database = {} AND active)"
+                ).format(sql.Literal(name)),
+                timeout=10.0,
+            )
         self.execute(
             sql.SQL(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
@@ -291,7 +324,7 @@ class PostgresCluster:
         )
         self.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
-    def wait_for(self, query: str, dbname: str = "postgres", timeout: float = 30.0) -> None:
+    def wait_for(self, query: str | sql.Composable, dbname: str = "postgres", timeout: float = 30.0) -> None:
         """Poll ``query`` until its first column is true (e.g. a slot becoming inactive)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

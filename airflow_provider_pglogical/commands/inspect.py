@@ -22,11 +22,18 @@ def run_check(args: argparse.Namespace) -> int:
     with open_connection(args) as conn:
         report = inspect_prerequisites(conn)
     problems = report.problems()
+    warnings = report.warnings()
     if args.json:
-        print(json.dumps({**report.as_dict(), "problems": [str(p) for p in problems]}, indent=2))
+        print(
+            json.dumps(
+                {**report.as_dict(), "problems": [str(p) for p in problems], "warnings": warnings}, indent=2
+            )
+        )
     else:
         for key, value in report.as_dict().items():
             print(f"{key:24} {value}")
+        for warning in warnings:
+            print(f"WARN {warning}")
         for problem in problems:
             print(f"FAIL {type(problem).__name__}: {problem}")
         if not problems:

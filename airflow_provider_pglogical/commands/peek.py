@@ -38,6 +38,7 @@ from airflow_provider_pglogical.pgoutput.messages import (
     TRUNCATE_RESTART_IDENTITY,
     TupleKind,
 )
+from airflow_provider_pglogical.replication.connection import read_raw_text
 from airflow_provider_pglogical.replication.publications import publication_names_option
 
 _FETCH_ROWS = 2000
@@ -166,6 +167,7 @@ def run_peek(args: argparse.Namespace) -> int:
         f"(%s, %s::pg_lsn, %s, {placeholders})"
     )
     with open_connection(args) as conn:
+        read_raw_text(conn)  # SQL_ASCII: show stored bytes (replacing what is not UTF-8), not an error
         conn.autocommit = False  # a server-side cursor streams rows instead of loading them all
         with conn.cursor(name="pglogical_peek") as cursor:
             cursor.itersize = _FETCH_ROWS

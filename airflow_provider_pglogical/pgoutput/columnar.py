@@ -63,6 +63,7 @@ from airflow_provider_pglogical.pgoutput.messages import (
     TupleKind,
 )
 from airflow_provider_pglogical.pgoutput.relations import RelationCache
+from airflow_provider_pglogical.raw_text import escape_raw_text
 
 _PAD = bytes(16)
 LsnArray = Sequence[int] | npt.NDArray[np.uint64]
@@ -308,11 +309,17 @@ class BatchDecoder:
 
     :param protocol_version: the ``proto_version`` the messages were requested with.
     :param max_rows: rows per output record batch.
+    :param raw_text: values are the bytes a SQL_ASCII database stored, staged by the rule of
+        ``raw_text.py``; otherwise they are UTF-8 (the server converted them) and an invalid
+        value is an error.
     """
 
-    def __init__(self, protocol_version: int = 1, *, max_rows: int = DEFAULT_MAX_ROWS) -> None:
+    def __init__(
+        self, protocol_version: int = 1, *, max_rows: int = DEFAULT_MAX_ROWS, raw_text: bool = False
+    ) -> None:
         self.protocol_version = protocol_version
         self.max_rows = max_rows
+        self.raw_text = raw_text
         self.relations = RelationCache()
 
     def decode(self, messages: Sequence[bytes], lsns: Sequence[int] | None = None) -> DecodedBatch:
@@ -346,7 +353,7 @@ class BatchDecoder:
         change counts are this call's only."""
         if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
             raise ValueError("prepare needs 16 bytes after the last message; pad the buffer")
-        batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations)
+        batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations, self.raw_text)
         plain = batch.plain_transactions()
         if plain is not None:
             rows, per_txn, logical_messages = plain
@@ -446,9 +453,11 @@ class _Batch:
         lsns: LsnArray | None,
         protocol_version: int,
         relations: RelationCache,
+        raw_text: bool = False,
     ) -> None:
         """``joined`` holds message ``i`` at ``starts[i]:starts[i] + lengths[i]`` (gaps allowed)
-        and ends with at least 16 padding bytes, so fixed-width gathers never run off its end."""
+        and ends with at least 16 padding bytes, so fixed-width gathers never run off its end.
+        ``raw_text``: text values are SQL_ASCII bytes (see :class:`BatchDecoder`)."""
         self.messages = _Slices(joined, starts, lengths)
         self.lsns = lsns
         self.decoder = PgOutputDecoder(protocol_version, relations)
@@ -472,6 +481,7 @@ class _Batch:
         # Relation cache generation -> relation id -> Relation in force.
         self.generations: list[dict[int, Relation]] = []
         self.runs: list[_Run] = []  # every run of data messages, committed or not
+        self.raw_text = raw_text
 
     def lsn(self, index: int) -> Lsn | None:
         return None if self.lsns is None else Lsn(int(self.lsns[index]))
@@ -841,6 +851,9 @@ class _Tuples:
                 out.append(_binary_view(batch, start, length, binary).cast(pa.binary()))
                 continue
             raw = _binary_view(batch, start, length, kind == _T_KIND)
+            if batch.raw_text:
+                out.append(escape_raw_text(raw))
+                continue
             try:
                 out.append(raw.cast(pa.string_view()))
             except pa.ArrowInvalid:

@@ -121,7 +121,11 @@ class _Reader:
         try:
             text = self.data[self.pos : end].decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise self.fail(f"string is not UTF-8: {exc.reason}") from None
+            raise self.fail(
+                f"string {self.data[self.pos : end]!r} is not UTF-8 ({exc.reason}): a SQL_ASCII database "
+                "can hold such a schema, table, column or type name, the lake cannot; rename it to valid "
+                "UTF-8 (ALTER ... RENAME TO)"
+            ) from None
         self.pos = end + 1
         return text
 

@@ -21,4 +21,8 @@ class PgOutputDecodeError(PgLogicalError):
         self.offset = offset
         self.lsn = lsn
         where = f" at LSN {lsn}" if lsn is not None else ""
-        super().__init__(f"cannot decode pgoutput message {message_type!r}{where}, byte {offset}: {reason}")
+        super().__init__(
+            f"cannot decode pgoutput message {message_type!r}{where}, byte {offset}: {reason}. Nothing of "
+            "the batch was staged and the slot did not move; print the messages there with `pglogical "
+            "peek --slot <slot>` and report them with the server version"
+        )

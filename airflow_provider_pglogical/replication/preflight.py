@@ -12,6 +12,7 @@ from airflow_provider_pglogical.errors import (
     ServerVersionError,
     WalLevelError,
 )
+from airflow_provider_pglogical.replication.connection import RAW_SERVER_ENCODING
 
 # Row filters and column lists in publications arrived in PostgreSQL 15.
 MIN_SERVER_VERSION = 150000
@@ -29,6 +30,7 @@ SELECT current_setting('server_version_num')::int,
        r.rolreplication,
        r.rolcanlogin,
        current_setting('server_encoding'),
+       current_setting('client_encoding'),
        current_database()
 FROM pg_roles r
 WHERE r.rolname = current_user
@@ -51,6 +53,7 @@ class PreflightReport:
     has_replication: bool
     can_login: bool
     server_encoding: str
+    client_encoding: str
     database: str
 
     def problems(self) -> list[PrerequisiteError]:
@@ -96,6 +99,19 @@ class PreflightReport:
                     f'role "{self.role}" has neither REPLICATION nor SUPERUSER, which creating and reading '
                     f'replication slots require. As a superuser run: ALTER ROLE "{self.role}" REPLICATION;'
                 )
+            )
+        return found
+
+    def warnings(self) -> list[str]:
+        """What works, but not as a user may expect: said before the first load, not after."""
+        found: list[str] = []
+        if self.server_encoding == RAW_SERVER_ENCODING:
+            found.append(
+                f"database {self.database!r} is SQL_ASCII: the server stores text as unchecked bytes. "
+                "Valid UTF-8 is staged as it is; any other byte is staged as the code point "
+                "U+10FE00 + byte, exactly and recoverably (docs/FORMATS.md, 'Text from a SQL_ASCII "
+                "database'). Names that are not valid UTF-8 stop the load: rename them. Converting "
+                "the database to UTF8 (dump, then restore into a UTF8 database) avoids both."
             )
         return found
 

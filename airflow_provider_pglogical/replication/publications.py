@@ -14,7 +14,12 @@ from typing import Any
 import psycopg2.errors
 from psycopg2 import sql
 
-from airflow_provider_pglogical.errors import PgLogicalError, PublicationNotFoundError
+from airflow_provider_pglogical.errors import (
+    NameEncodingError,
+    PgLogicalError,
+    PrivilegeError,
+    PublicationNotFoundError,
+)
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
 
@@ -193,7 +198,17 @@ def describe_publications(conn: Any, names: Sequence[str]) -> list[PublicationIn
                 f"publication(s) {', '.join(missing)} not found in database {with_db!r}. Create them "
                 "with CREATE PUBLICATION (or PgLogicalHook.create_publication) in that database."
             )
-        cur.execute(_TABLES_SQL, (names,))
+        try:
+            cur.execute(_TABLES_SQL, (names,))
+        except psycopg2.errors.CharacterNotInRepertoire as exc:
+            # Only a SQL_ASCII database can hold such a name: the others convert every name.
+            raise NameEncodingError(
+                f"a schema, table or column name (or a row filter) published by {', '.join(names)} is not "
+                f"valid UTF-8 ({(exc.pgerror or str(exc)).strip()}); the database is SQL_ASCII, which "
+                "stores text as unchecked bytes, and the lake holds Unicode names only. Rename it to valid "
+                "UTF-8 (ALTER SCHEMA/TABLE ... RENAME TO, ALTER TABLE ... RENAME COLUMN) or rewrite the "
+                "filter with ASCII literals."
+            ) from None
         rows = cur.fetchall()
     result = []
     for name in names:
@@ -275,10 +290,35 @@ def publish_tables(conn: Any, publication: str, tables: Sequence[TableSpec]) -> 
             conn.commit()
         else:
             conn.rollback()
+    except psycopg2.errors.InsufficientPrivilege as exc:
+        conn.rollback()
+        raise _publish_privilege_error(conn, publication, tables, exc) from None
     except BaseException:
         conn.rollback()
         raise
     return changed
+
+
+def _publish_privilege_error(
+    conn: Any, publication: str, tables: Sequence[TableSpec], exc: psycopg2.Error
+) -> PrivilegeError:
+    """What to grant when the pipeline's role may not change the publication (the rest needs no more)."""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT current_user::text, pg_get_userbyid(pubowner)::text "
+            "FROM pg_publication WHERE pubname = %s",
+            (publication,),
+        )
+        role, owner = cur.fetchone()
+    conn.rollback()
+    names = ", ".join(t.qualified for t in tables)
+    return PrivilegeError(
+        f'role "{role}" may not add {names} to publication "{publication}" '
+        f"({str(exc.pgerror or exc).strip()}): ALTER PUBLICATION needs the publication's owner "
+        f'("{owner}"), who must also own each table. Either add the tables as that owner, or make '
+        f'the pipeline role a member of the owning role (GRANT "{owner}" TO "{role}";). Nothing was '
+        "changed; the snapshot, drain and ack need only LOGIN REPLICATION and SELECT."
+    )
 
 
 def _probe_writes(cur: Any, publication: str, spec: TableSpec, publish: Sequence[str]) -> None:

@@ -40,8 +40,18 @@ import psycopg2
 import psycopg2.errors
 from psycopg2 import sql
 
-from airflow_provider_pglogical.errors import PgLogicalError, SlotActiveError, SlotNotFoundError
+from airflow_provider_pglogical.errors import (
+    ConnectionLostError,
+    PgLogicalError,
+    SlotActiveError,
+    SlotNotFoundError,
+)
 from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.replication.connection import (
+    connection_lost_detail,
+    is_connection_loss,
+    missing_replication,
+)
 from airflow_provider_pglogical.replication.publications import publication_names_option
 
 log = logging.getLogger(__name__)
@@ -175,7 +185,7 @@ def plugin_options(
     return options
 
 
-def _translate(exc: psycopg2.Error, slot: str) -> BaseException:
+def _translate(exc: psycopg2.Error, slot: str, role: str | None = None) -> BaseException:
     if isinstance(exc, psycopg2.errors.ObjectInUse):
         return SlotActiveError(
             f"replication slot {slot!r} is active in another connection (another drain or a subscriber); "
@@ -183,6 +193,14 @@ def _translate(exc: psycopg2.Error, slot: str) -> BaseException:
         )
     if isinstance(exc, psycopg2.errors.UndefinedObject) and "replication slot" in str(exc):
         return SlotNotFoundError(f"replication slot {slot!r} does not exist")
+    if isinstance(exc, psycopg2.errors.InsufficientPrivilege) and "replication role" in str(exc):
+        return missing_replication(role, exc)
+    if is_connection_loss(exc):
+        return ConnectionLostError(
+            f"lost the connection to PostgreSQL while reading slot {slot!r} ({connection_lost_detail(exc)}): "
+            "the server restarted or the backend was terminated. The slot did not move and nothing of "
+            "this read was kept: run the drain again, it starts from the same position."
+        )
     translated: BaseException = exc
     return translated
 
@@ -271,7 +289,9 @@ class PeekTransport:
         while True:
             item = chunks.get()
             if isinstance(item, BaseException):
-                raise _translate(item, slot) if isinstance(item, psycopg2.Error) else item
+                raise (
+                    _translate(item, slot, self.conn.info.user) if isinstance(item, psycopg2.Error) else item
+                )
             if item is None:
                 if tail:
                     raise TransportError(f"COPY stream ended inside a row ({len(tail)} bytes left)")
@@ -427,11 +447,14 @@ class StreamingTransport:
                 status_interval=deadline_seconds * 10,
             )
         except psycopg2.Error as exc:
-            raise _translate(exc, slot) from exc
+            raise _translate(exc, slot, self.conn.info.user) from exc
         try:
             yield from self._pump(stream, upto_lsn, max_messages, result, time.monotonic() + deadline_seconds)
+        except psycopg2.Error as exc:
+            raise _translate(exc, slot, self.conn.info.user) from exc
         finally:
-            stream.close()
+            with contextlib.suppress(psycopg2.Error):
+                stream.close()
 
     def _pump(
         self, stream: Any, upto_lsn: Lsn, max_messages: int | None, result: ReadResult, deadline: float

@@ -46,6 +46,7 @@ from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lsn import ZERO, Lsn
 from airflow_provider_pglogical.manifest import Manifest, TableManifest
+from airflow_provider_pglogical.spark import multiset
 from airflow_provider_pglogical.spark.changes import (
     COMMIT_LSN,
     EVENT_KIND,
@@ -209,6 +210,8 @@ class ApplyJob:
         if not count:
             return rows, 0
         columns = _table_columns(changes)
+        if multiset.counts_rows(spec):
+            return multiset.replay(rows, changes, columns, spec.qualified).localCheckpoint(), count
         keys = key_columns(spec, [c.name for c in columns])
         net = net_effect(changes, columns, keys, rows)
         kept = rows.limit(0) if net.truncated else rows
@@ -259,13 +262,21 @@ class ApplyJob:
         if read_snapshot is not None:
             self.tables.open_branch(table, read_snapshot)
             target = self.tables.branch_name(identifier)
-        keys = key_columns(spec, [c.name for c in columns])
-        net = net_effect(changes, columns, keys, self.spark.table(target))
-        rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
         schema = self.tables.schema(identifier)
-        bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
-        sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
-        self.tables.merge(sql, self.summary(base, end))
+        if multiset.counts_rows(spec):  # no key: a count per distinct row (spark/multiset.py)
+            effect = multiset.net_counts(changes, columns, spec.qualified)
+            first = columns[0].name
+            bounds = key_bounds(multiset.removals(effect, [first]), first, schema[first].dataType)
+            existing = self.spark.table(target)
+            sql = multiset.merge_statement(effect, existing, target, schema, columns, spec.qualified, bounds)
+        else:
+            keys = key_columns(spec, [c.name for c in columns])
+            net = net_effect(changes, columns, keys, self.spark.table(target))
+            rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
+            bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
+            sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
+        if sql is not None:
+            self.tables.merge(sql, self.summary(base, end))
         if read_snapshot is not None:
             self.tables.publish_branch(identifier)
         merged = self.tables.java_table(identifier)

@@ -208,6 +208,27 @@ def model_apply(
             table[tdef.key_of(new)] = new
 
 
+def multiset_apply(tdef: TableDef, table: list[Row], changes: list[Change], base_lsn: int) -> None:
+    """``model_apply`` for a table without a key (FULL identity or none): ``table`` is a list of
+    rows, identical rows count, and an UPDATE or DELETE changes one row equal to its old row.
+
+    A ``u`` column keeps the old row's value (a FULL identity's old tuple carries it).
+    """
+    for c in sorted(changes, key=lambda c: (c.commit_lsn, c.seq)):
+        if c.commit_lsn < base_lsn:
+            continue
+        if c.op == "T":
+            table.clear()
+            continue
+        if c.op in ("U", "D"):
+            assert c.old is not None
+            old = {n: c.old.get(n) for n in tdef.names}
+            table.remove(old)  # one of the equal rows; ValueError: the stream is not the source's
+        if c.op in ("I", "U"):
+            assert c.row is not None
+            table.append({n: (c.old or {}).get(n) if n in c.unchanged else c.row.get(n) for n in tdef.names})
+
+
 def rows_of(table: dict[tuple[Any, ...], Row], names: list[str]) -> list[tuple[Any, ...]]:
     return sorted((tuple(r.get(n) for n in names) for r in table.values()), key=repr)
 

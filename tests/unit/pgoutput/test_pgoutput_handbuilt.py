@@ -525,3 +525,24 @@ def test_malformed_changes_of_an_aborted_stream_still_fail() -> None:
     with pytest.raises(PgOutputDecodeError) as info:
         BatchDecoder(2).decode(messages)
     assert info.value.message_type == "I"
+
+
+def test_name_that_is_not_utf8_names_the_fix() -> None:
+    """Only a SQL_ASCII database can send such a name (names are converted otherwise)."""
+    message = relation(1, "public", "x", [("id", 23, -1, True)]).replace(b"x\0", b"\xe9\0")
+    with pytest.raises(PgOutputDecodeError, match=r"\\xe9.*rename it to valid UTF-8"):
+        PgOutputDecoder(1).decode(message)
+
+
+def test_sql_ascii_values_are_staged_by_the_raw_text_rule() -> None:
+    """With ``raw_text`` an invalid value is escaped (U+10FE00 + byte); without, it is an error."""
+    messages = [
+        begin(0x100, 0, 7),
+        relation(1, "public", "t", [("id", 23, -1, True), ("v", 25, -1, False)]),
+        b"I" + struct.pack("!I", 1) + b"N" + tuple_data([b"1", b"caf\xe9"]),
+        commit(0x100, 0x110, 0),
+    ]
+    batch = BatchDecoder(1, raw_text=True).decode(messages).tables[0].batches[0]
+    assert batch.column("v").to_pylist() == ["caf\U0010fee9"]
+    with pytest.raises(PgOutputDecodeError, match="not valid UTF-8"):
+        BatchDecoder(1).decode(messages)

@@ -1,0 +1,249 @@
+"""The merge algebra of tables without a key: a batch's changes as a count per distinct row.
+
+A keyless table (replica identity NOTHING, or DEFAULT without a primary key: only INSERTs and
+TRUNCATEs reach it) and a REPLICA IDENTITY FULL table hold a multiset of rows: two identical rows
+are two rows, and a DELETE removes one of them. Such a table's batch is therefore reduced to a
+count per distinct row value (``delta`` = inserts - deletes, an UPDATE being -old +new), not to
+one event per key as ``changes.py`` does for keyed tables.
+
+With REPLICA IDENTITY FULL the server logs the whole old row, external TOAST values inlined, so
+an UPDATE's old tuple (``_pgl_old``) carries every value and only its new tuple has unchanged
+(``'u'``) columns: those are the same change's old values. No lookup in the table or in earlier
+changes is needed.
+
+Pure functions over DataFrames plus the SQL text of the one ``MERGE INTO`` that applies the
+result; the Iceberg commit itself stays in ``apply_batch.py`` (as pyiceberg's ``upsert_util``
+keeps its algebra apart from the transaction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as sf
+from pyspark.sql.types import StructField, StructType
+
+from airflow_provider_pglogical.manifest import TableManifest
+from airflow_provider_pglogical.spark.changes import (
+    OLD,
+    OP,
+    ROW_KEY,
+    UNCHANGED,
+    column,
+    last_truncate,
+    order_after,
+)
+from airflow_provider_pglogical.spark.iceberg import ApplyError, quote, temp_view
+
+DELTA = "_pgl_x_delta"  # inserts - deletes of one distinct row value
+COUNT = "_pgl_x_count"  # rows of that value the table holds before the batch
+FLAG = "_pgl_x_flag"  # REPLACE: delete every equal row; INSERT: a row to add (never matches)
+REPLACE, INSERT = "R", "I"
+_MARK = "_pgl_x_mark"
+
+
+@dataclass(frozen=True)
+class MultisetEffect:
+    """A batch's net effect on a multiset table.
+
+    ``deltas`` has the table columns plus ``DELTA`` (never 0), one row per distinct row value the
+    batch changed the count of; ``truncated`` means a TRUNCATE came first, so the table starts
+    empty and every delta is a final count.
+    """
+
+    deltas: DataFrame
+    truncated: bool
+
+
+def counts_rows(spec: TableManifest) -> bool:
+    """Whether the table is a multiset (no key, or REPLICA IDENTITY FULL): the rows themselves count.
+
+    A FULL table with a primary key is one too: the stream carries no key for it, and its
+    multiset simply never holds a duplicate.
+    """
+    return spec.replica_identity in ("f", "n") or not spec.key_columns
+
+
+def _equal(names: Sequence[str], left: str, right: str) -> Column:
+    """Null-safe equality of every column (NULL equals NULL, NaN equals NaN): rows as a multiset sees them."""
+    return sf.expr(" AND ".join(f"{left}.{quote(n)} <=> {right}.{quote(n)}" for n in names) or "TRUE")
+
+
+def net_counts(changes: DataFrame, columns: Sequence[StructField], table: str) -> MultisetEffect:
+    """Reduce ordered changes to a count delta per distinct row value (after the last TRUNCATE).
+
+    Order within the batch does not matter to a count, except for a TRUNCATE: the changes before
+    the last one are dropped (it removed their rows) and the table starts empty.
+    """
+    truncate = last_truncate(changes)
+    live = changes if truncate is None else changes.where(order_after(*truncate))
+    blind = live.where(sf.col(OP).isin("U", "D") & sf.col(OLD).isNull()).limit(1).count()
+    if blind:
+        raise ApplyError(
+            f"table {table}: an UPDATE or DELETE arrived without its old row, so the row it changed "
+            "cannot be found in a table without a key; set REPLICA IDENTITY FULL (or add a primary "
+            "key) on the source table and re-snapshot it"
+        )
+    names = [c.name for c in columns]
+    old_type = live.schema[OLD].dataType
+    old_fields = set(old_type.fieldNames()) if isinstance(old_type, StructType) else set()
+
+    def old(field: StructField) -> Column:
+        if field.name in old_fields:
+            return sf.col(OLD).getField(field.name)
+        return sf.lit(None).cast(field.dataType)
+
+    new_row = [
+        sf.when(sf.array_contains(UNCHANGED, c.name), old(c)).otherwise(column(c.name)).alias(c.name)
+        for c in columns
+    ]
+    added = live.where(sf.col(OP).isin("I", "U")).select(*new_row, sf.lit(1).alias(DELTA))
+    removed = live.where(sf.col(OP).isin("U", "D")).select(
+        *[old(c).alias(c.name) for c in columns], sf.lit(-1).alias(DELTA)
+    )
+    deltas = (
+        added.unionByName(removed)
+        .groupBy(*[column(n) for n in names])
+        .agg(sf.sum(DELTA).alias(DELTA))
+        .where(sf.col(DELTA) != 0)
+    )
+    return MultisetEffect(deltas.localCheckpoint(), truncate is not None)
+
+
+def removals(effect: MultisetEffect, names: Sequence[str]) -> DataFrame:
+    """The values whose count the batch lowers, with their row as ``ROW_KEY`` (for key bounds)."""
+    rows = effect.deltas.where(sf.col(DELTA) < 0)
+    return rows.withColumn(ROW_KEY, sf.struct(*[column(n).alias(n) for n in names]))
+
+
+def _with_counts(decreased: DataFrame, existing: DataFrame, names: Sequence[str]) -> DataFrame:
+    """``decreased`` plus ``COUNT``: how many rows of ``existing`` equal each value.
+
+    The values (few) are broadcast and the table scanned once; a left join of the small side
+    afterwards keeps values the table does not hold (count 0, which the caller refuses).
+    """
+    values = decreased.select(*[column(n) for n in names]).alias("v")
+    held = (
+        existing.select(*[column(n) for n in names])
+        .alias("t")
+        .join(sf.broadcast(values), _equal(names, "t", "v"))
+        .select(*[sf.col("v." + quote(n)).alias(n) for n in names])
+        .groupBy(*[column(n) for n in names])
+        .agg(sf.count(sf.lit(1)).alias(COUNT))
+        .withColumn(_MARK, sf.lit(True))
+    )
+    joined = decreased.alias("d").join(held.alias("h"), _equal(names, "d", "h"), "left")
+    return joined.select(
+        *[sf.col("d." + quote(n)).alias(n) for n in names],
+        sf.col("d." + DELTA).alias(DELTA),
+        sf.when(sf.col("h." + _MARK), sf.col("h." + COUNT)).otherwise(sf.lit(0)).alias(COUNT),
+    )
+
+
+def _copies(rows: DataFrame, how_many: Column, names: Sequence[str], flag: str) -> DataFrame:
+    """Each row repeated ``how_many`` times (0 drops it)."""
+    repeated = rows.withColumn(_MARK, sf.explode(sf.array_repeat(sf.lit(True), how_many.cast("int"))))
+    return repeated.select(*[column(n) for n in names], sf.lit(flag).alias(FLAG))
+
+
+def merge_source(
+    effect: MultisetEffect,
+    existing: DataFrame,
+    names: Sequence[str],
+    table: str,
+    bounds: tuple[str, str] | None = None,
+) -> DataFrame:
+    """The rows one MERGE applies the effect with: per lowered value, one ``REPLACE`` row that
+    deletes every equal row of the table and ``count + delta`` ``INSERT`` rows that put the
+    survivors back; per raised value, ``delta`` ``INSERT`` rows (no lookup needed).
+
+    ``existing`` is the table as of the read snapshot (ignored when truncated: it starts empty);
+    ``bounds`` (SQL literals of the lowered values' first column) restrict the rows scanned for counts.
+    Raises :class:`ApplyError` when a value would end below zero: the stream removes rows the
+    table does not hold, so the table diverged from its source.
+    """
+    added = effect.deltas.where(sf.col(DELTA) > 0)
+    inserts = _copies(added, sf.col(DELTA), names, INSERT)
+    decreased = effect.deltas.where(sf.col(DELTA) < 0)
+    if effect.truncated:
+        if decreased.limit(1).count():
+            _diverged(table)
+        return inserts
+    scanned = existing
+    if bounds is not None:
+        scanned = existing.where(f"{quote(names[0])} BETWEEN {bounds[0]} AND {bounds[1]}")
+    counted = _with_counts(decreased, scanned, names).localCheckpoint()
+    if counted.where(sf.col(COUNT) + sf.col(DELTA) < 0).limit(1).count():
+        _diverged(table)
+    replaced = counted.select(*[column(n) for n in names], sf.lit(REPLACE).alias(FLAG))
+    survivors = _copies(counted, sf.col(COUNT) + sf.col(DELTA), names, INSERT)
+    return replaced.unionByName(survivors).unionByName(inserts)
+
+
+def _diverged(table: str) -> None:
+    raise ApplyError(
+        f"table {table}: the batch deletes more copies of a row than the lake table holds, so the lake "
+        "no longer equals its source (written by something other than this pipeline?); re-snapshot "
+        "the table (the pglogical re-snapshot task group) and re-run the apply"
+    )
+
+
+def replay(rows: DataFrame, changes: DataFrame, columns: Sequence[StructField], table: str) -> DataFrame:
+    """A snapshot's rows with logged changes applied: the catch-up of a re-snapshot load.
+
+    Logged columns the snapshot lacks (dropped before it, or added after it) are null in its
+    rows, as the changes' old tuples hold them.
+    """
+    names = [c.name for c in columns]
+    held = set(rows.columns)
+    rows = rows.select(
+        "*", *[sf.lit(None).cast(c.dataType).alias(c.name) for c in columns if c.name not in held]
+    )
+    effect = net_counts(changes, columns, table)
+    source = merge_source(effect, rows, names, table)
+    kept = rows.limit(0) if effect.truncated else rows
+    replaced = source.where(sf.col(FLAG) == REPLACE)
+    kept = kept.alias("k").join(replaced.alias("r"), _equal(names, "k", "r"), "left_anti")
+    added = source.where(sf.col(FLAG) == INSERT).drop(FLAG)
+    return kept.unionByName(added, allowMissingColumns=True)
+
+
+def merge_statement(
+    effect: MultisetEffect,
+    existing: DataFrame,
+    target: str,
+    schema: StructType,
+    columns: Sequence[StructField],
+    table: str,
+    bounds: tuple[str, str] | None = None,
+) -> str | None:
+    """The SQL that applies ``effect`` to ``target`` in one commit, or None when it changes nothing.
+
+    With rows to remove (or a TRUNCATE): one ``MERGE INTO`` whose ON clause only ``REPLACE`` rows
+    can satisfy (the flag is in it); each target row equals at most one of them (their values are
+    distinct), so Spark never sees several source rows matching one target row. ``bounds``
+    restrict the first column of the rows a ``REPLACE`` can match, so Iceberg skips files outside
+    the batch's range. With inserts only: an ``INSERT INTO``, which reads nothing of the table.
+    Columns the batch does not carry (dropped at the source) are written as null, as in the
+    keyed merge.
+    """
+    if not effect.truncated and not effect.deltas.limit(1).count():
+        return None
+    names = [c.name for c in columns]
+    source = merge_source(effect, existing, names, table, bounds).localCheckpoint()
+    view = temp_view(source)
+    carried = set(names)
+    values = ", ".join(f"s.{quote(f.name)}" if f.name in carried else "NULL" for f in schema.fields)
+    if not effect.truncated and not source.where(sf.col(FLAG) == REPLACE).limit(1).count():
+        return f"INSERT INTO {target} SELECT {values} FROM {view} s"
+    on = f"s.{FLAG} = '{REPLACE}' AND " + " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
+    if bounds is not None:
+        on += f" AND t.{quote(names[0])} BETWEEN {bounds[0]} AND {bounds[1]}"
+    listed = ", ".join(quote(f.name) for f in schema.fields)
+    statement = (
+        f"MERGE INTO {target} t USING {view} s ON {on} WHEN MATCHED THEN DELETE "
+        f"WHEN NOT MATCHED AND s.{FLAG} = '{INSERT}' THEN INSERT ({listed}) VALUES ({values})"
+    )
+    return statement + (" WHEN NOT MATCHED BY SOURCE THEN DELETE" if effect.truncated else "")

@@ -1,0 +1,611 @@
+"""The bad-input catalogue: every error a user can meet, caused for real, with the words its message
+must hold (the fix among them). README.md's "Troubleshooting" table is checked against CATALOGUE.
+
+Each case runs what a user runs (an engine function, an operator, the ``pglogical`` command) against
+the real server: the session's cluster, or a throwaway one where the server itself must be wrong
+(``wal_level=replica``; a 1 MB ``max_slot_wal_keep_size`` to lose a slot). The Spark case is marked
+``spark``: run it under the machine's lock (``-m spark``), the others with ``-m "not spark"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg2 import sql
+
+from airflow_provider_pglogical.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_pglogical.errors import RECOVERY_DAG
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.pgoutput import BatchDecoder
+from airflow_provider_pglogical.replication import connect, connect_replication, create_slot
+from airflow_provider_pglogical.snapshot import SnapshotProgress, take_snapshot
+from airflow_provider_pglogical.testing import PostgresCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+CAPTURES = Path(__file__).resolve().parents[2] / "data" / "pgoutput"
+
+
+@dataclass(frozen=True, slots=True)
+class BadInput:
+    """One row of the catalogue: what is wrong, what the user runs, what they get, what to do.
+
+    ``error`` is the exception's class name (or ``exit 1`` for the command); ``words`` must all be
+    in its message; ``fix`` is the README's advice, in a sentence.
+    """
+
+    key: str
+    cause: str
+    operation: str
+    error: str
+    words: tuple[str, ...]
+    fix: str
+    spark: bool = False
+
+
+CATALOGUE: tuple[BadInput, ...] = (
+    BadInput(
+        "wal-level",
+        "`wal_level` is not `logical`",
+        "`pglogical check`",
+        "exit 1",
+        ("FAIL WalLevelError", "ALTER SYSTEM SET wal_level = 'logical';", "restart the server"),
+        "Run `ALTER SYSTEM SET wal_level = 'logical';` as a superuser and restart PostgreSQL.",
+    ),
+    BadInput(
+        "no-replication",
+        "the role lacks the REPLICATION attribute",
+        "snapshot, drain",
+        "PrivilegeError",
+        ("may not use replication", 'ALTER ROLE "catalogue_plain" REPLICATION;'),
+        "As a superuser: `ALTER ROLE <role> REPLICATION;`.",
+    ),
+    BadInput(
+        "no-select",
+        "the role lacks SELECT on a published table",
+        "snapshot",
+        "PrivilegeError",
+        (
+            "lacks SELECT on published table public.closed_t",
+            'GRANT SELECT ON public.closed_t TO "catalogue_copier";',
+        ),
+        "As the table's owner: `GRANT SELECT ON <table> TO <role>;`.",
+    ),
+    BadInput(
+        "missing-slot",
+        "the slot does not exist",
+        "drain",
+        "SlotNotFoundError",
+        ("does not exist", "pglogical_initial_snapshot", RECOVERY_DAG),
+        f"A new pipeline: the initial snapshot creates it. A dropped slot: trigger `{RECOVERY_DAG}`.",
+    ),
+    BadInput(
+        "active-slot",
+        "another connection is streaming from the slot",
+        "drain",
+        "SlotActiveError",
+        ("is active (pid", "max_active_runs=1"),
+        "One consumer per slot: stop the other consumer; run the pipeline DAG with `max_active_runs=1`.",
+    ),
+    BadInput(
+        "lost-slot",
+        "the slot was invalidated (`wal_status = lost`, `max_slot_wal_keep_size` exceeded)",
+        "drain",
+        "SlotLostError",
+        ("wal_status = lost", RECOVERY_DAG, "reloads every table"),
+        f"Trigger `{RECOVERY_DAG}`: it recreates the slot and reloads every table.",
+    ),
+    BadInput(
+        "missing-publication",
+        "the publication does not exist in that database",
+        "drain, snapshot",
+        "PublicationNotFoundError",
+        ("missing_pub", "not found in database", "CREATE PUBLICATION"),
+        "Create it with `CREATE PUBLICATION` (or `PgLogicalHook.create_publication`) in the source database.",
+    ),
+    BadInput(
+        "unwritable-staging",
+        "the staging location cannot be written (read-only, permissions, disk full)",
+        "drain",
+        "StagingNotWritableError",
+        ("cannot create", "Read-only file system", "Check the staging location"),
+        "Fix the staging location's permissions or mount; the slot did not move, so run the drain again.",
+    ),
+    BadInput(
+        "unreachable-catalog",
+        "the lake connection points at a catalog that cannot be opened",
+        "ack",
+        "LakeCatalogError",
+        ("cannot open Iceberg catalog", "check the lake connection's properties"),
+        "Correct the lake connection (catalog type, URI, warehouse, credentials); the slot stays put.",
+    ),
+    BadInput(
+        "foreign-manifest",
+        "the ack was given a manifest drained from another slot",
+        "ack",
+        "ManifestSlotMismatchError",
+        ("belongs to slot 'cdc', not 'cdc_other'", "pass the manifest drained from this slot"),
+        "Pass the ack the manifest its own slot's drain produced.",
+    ),
+    BadInput(
+        "incompatible-schema",
+        "a column's type changed in a way Iceberg cannot promote (int to text)",
+        "apply job",
+        "SchemaConflictError",
+        (
+            "column 'qty' changed type",
+            "re-snapshot the table",
+            "pglogical_backfill_tables",
+            "Nothing of this batch",
+        ),
+        "Re-snapshot the table (`pglogical_backfill_tables`), or revert the type change.",
+        spark=True,
+    ),
+    BadInput(
+        "malformed-pgoutput",
+        "pgoutput bytes the decoder cannot read",
+        "drain, `pglogical peek`",
+        "PgOutputDecodeError",
+        ("cannot decode pgoutput message 'I'", "the slot did not move", "pglogical peek"),
+        "Nothing was staged: save what `pglogical peek` prints there and report it with the server version.",
+    ),
+    BadInput(
+        "copy-cut",
+        "the snapshot's COPY stream ended early: the server restarted or the backend was terminated",
+        "snapshot",
+        "ConnectionLostError",
+        ("lost the connection copying table public.small", "discarded", "run it again"),
+        "Run the snapshot again: the partial copy was discarded and its slot dropped.",
+    ),
+    BadInput(
+        "drain-cut",
+        "the drain's stream ended early: the server restarted or the backend was terminated",
+        "drain",
+        "ConnectionLostError",
+        ("while reading slot 'cdc'", "The slot did not move", "run the drain again"),
+        "Run the drain again: nothing of the batch was kept and it starts from the same position.",
+    ),
+    BadInput(
+        "dead-snapshot",
+        "the connection holding the exported snapshot ended",
+        "snapshot",
+        "SnapshotLostError",
+        ("can no longer be imported", "run it again", "idle_in_transaction_session_timeout"),
+        "Run it again; if it recurs, find what ends idle connections (timeouts, proxies, kill jobs).",
+    ),
+    BadInput(
+        "dropped-table",
+        "a published table was dropped during the snapshot copy",
+        "snapshot",
+        "TableDroppedError",
+        ("public.z", "dropped or renamed during the snapshot copy", "run it"),
+        "Run the snapshot again; the dropped table is no longer part of it.",
+    ),
+)
+
+
+# --- what each case runs ------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What the user saw: the error's class name (or ``exit N``) and its message (or output)."""
+
+    error: str
+    message: str
+
+
+def raised(run: Callable[[], object]) -> Outcome:
+    with pytest.raises(Exception) as info:
+        run()
+    return Outcome(type(info.value).__name__, str(info.value))
+
+
+@dataclass
+class Env:
+    """A case's surroundings: the session cluster, a fresh database, a scratch directory."""
+
+    pg: PostgresCluster
+    db: str
+    tmp: Path
+    request: pytest.FixtureRequest
+    monkeypatch: pytest.MonkeyPatch
+
+    @property
+    def dsn(self) -> str:
+        return self.pg.dsn(self.db)
+
+    def sql(self, statement: str) -> None:
+        self.pg.execute(statement, self.db)
+
+    def slot(self, *names: str) -> None:
+        conn = connect(self.dsn)
+        for name in names:
+            create_slot(conn, name)
+        conn.close()
+
+    def drain(self, slot: str = "cdc", publication: str = "pub", staging: str | None = None) -> DrainResult:
+        return drain_batch(
+            self.dsn, DrainSettings(slot, (publication,), staging or str(self.tmp / "staging"))
+        )
+
+
+def _role(env: Env, name: str, attributes: str) -> None:
+    env.pg.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+    env.pg.execute(sql.SQL("CREATE ROLE {} " + attributes).format(sql.Identifier(name)))
+    env.request.addfinalizer(lambda: _drop_role(env, name))
+
+
+def _drop_role(env: Env, name: str) -> None:
+    env.pg.drop_database(env.db)  # the role owns grants in it
+    env.pg.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def wal_level(env: Env) -> Outcome:
+    replica: PostgresCluster = env.request.getfixturevalue("replica_cluster")
+    result = subprocess.run(
+        [sys.executable, "-m", "airflow_provider_pglogical.cli", "check", "--dsn", replica.dsn()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return Outcome(f"exit {result.returncode}", result.stdout + result.stderr)
+
+
+def no_replication(env: Env) -> Outcome:
+    _role(env, "catalogue_plain", "LOGIN")
+    env.sql('CREATE TABLE t (id int PRIMARY KEY); GRANT SELECT ON t TO "catalogue_plain";')
+    env.sql("CREATE PUBLICATION pub FOR TABLE t")
+    return raised(
+        lambda: take_snapshot(env.pg.dsn(env.db, user="catalogue_plain"), "s", ["pub"], str(env.tmp))
+    )
+
+
+def no_select(env: Env) -> Outcome:
+    _role(env, "catalogue_copier", "LOGIN REPLICATION")
+    env.sql(
+        "CREATE TABLE open_t (id int PRIMARY KEY); CREATE TABLE closed_t (id int PRIMARY KEY);"
+        'GRANT SELECT ON open_t TO "catalogue_copier"; CREATE PUBLICATION pub FOR TABLE open_t, closed_t;'
+    )
+    return raised(
+        lambda: take_snapshot(env.pg.dsn(env.db, user="catalogue_copier"), "s", ["pub"], str(env.tmp))
+    )
+
+
+def _published(env: Env) -> None:
+    env.sql("CREATE TABLE t (id int PRIMARY KEY, qty int); CREATE PUBLICATION pub FOR TABLE t")
+
+
+def missing_slot(env: Env) -> Outcome:
+    _published(env)
+    return raised(lambda: env.drain("nope"))
+
+
+def active_slot(env: Env) -> Outcome:
+    _published(env)
+    env.slot("cdc")
+    repl = connect_replication(env.dsn)
+    try:
+        with repl.cursor() as cur:
+            cur.start_replication(slot_name="cdc", options={"proto_version": "1", "publication_names": "pub"})
+            env.pg.wait_for("SELECT active FROM pg_replication_slots WHERE slot_name = 'cdc'", env.db)
+            return raised(env.drain)
+    finally:
+        repl.close()
+
+
+def lost_slot(env: Env) -> Outcome:
+    tiny: PostgresCluster = env.request.getfixturevalue("tiny_wal_cluster")
+    tiny.execute("CREATE TABLE t (id int PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE t")
+    conn = connect(tiny.dsn())
+    create_slot(conn, "cdc")
+    conn.close()
+    tiny.execute("INSERT INTO t SELECT g, repeat('x', 100) FROM generate_series(1, 1000) g")
+    for _ in range(6):  # each switch ends a 16 MB segment; the checkpoint removes what the cap drops
+        tiny.execute("SELECT pg_switch_wal()")
+        tiny.execute("INSERT INTO t VALUES (-1, 'x') ON CONFLICT (id) DO UPDATE SET pad = 'y'")
+        tiny.execute("CHECKPOINT")
+        if tiny.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'cdc'") == [("lost",)]:
+            break
+    assert tiny.execute("SELECT wal_status FROM pg_replication_slots") == [("lost",)]
+    return raised(lambda: drain_batch(tiny.dsn(), DrainSettings("cdc", ("pub",), str(env.tmp))))
+
+
+def missing_publication(env: Env) -> Outcome:
+    _published(env)
+    env.slot("cdc")
+    return raised(lambda: env.drain(publication="missing_pub"))
+
+
+def unwritable_staging(env: Env) -> Outcome:
+    staging: Path = env.request.getfixturevalue("tmpfs")
+    remount: Callable[[Path, str], None] = env.request.getfixturevalue("remount")
+    remount(staging, "ro")  # root ignores file modes; a read-only mount stops it too
+    _published(env)
+    env.slot("cdc")
+    env.sql("INSERT INTO t VALUES (1, 1)")
+    return raised(lambda: env.drain(staging=str(staging)))
+
+
+def _lake_ack(env: Env, slot: str, manifest: str, lake_root: Path) -> Outcome:
+    from airflow_provider_pglogical.hooks.lake import connection_json
+    from airflow_provider_pglogical.lake import local_lake
+    from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
+
+    env.monkeypatch.setenv("AIRFLOW_CONN_CATALOGUE_SRC", env.pg.uri(env.db))
+    env.monkeypatch.setenv("AIRFLOW_CONN_CATALOGUE_LAKE", connection_json(local_lake(str(lake_root))))
+    ack = PgLogicalAckOperator(
+        task_id="ack", slot_name=slot, manifest=manifest, lake_conn_id="catalogue_lake",
+        pglogical_conn_id="catalogue_src",
+    )  # fmt: skip
+    return raised(lambda: ack.execute({}))  # type: ignore[arg-type]
+
+
+def unreachable_catalog(env: Env) -> Outcome:
+    _published(env)
+    env.slot("cdc")
+    env.sql("INSERT INTO t SELECT g, g FROM generate_series(1, 10) g")
+    batch = env.drain()
+    # The SQLite catalog file would live in a directory that does not exist: it cannot be opened.
+    return _lake_ack(env, "cdc", batch.manifest_uri, env.tmp / "no" / "such" / "lake")
+
+
+def foreign_manifest(env: Env) -> Outcome:
+    _published(env)
+    env.slot("cdc", "cdc_other")
+    env.sql("INSERT INTO t SELECT g, g FROM generate_series(1, 10) g")
+    batch = env.drain()
+    (env.tmp / "lake").mkdir()
+    return _lake_ack(env, "cdc_other", batch.manifest_uri, env.tmp / "lake")
+
+
+def incompatible_schema(env: Env) -> Outcome:
+    from airflow_provider_pglogical.lake import local_lake
+    from airflow_provider_pglogical.spark.apply_batch import apply_manifest
+    from airflow_provider_pglogical.spark.session import local_session, register_lake
+
+    _published(env)
+    env.sql("INSERT INTO t SELECT g, g FROM generate_series(1, 10) g")
+    snapshot_path, _ = take_snapshot(env.dsn, "cdc", ["pub"], str(env.tmp / "staging"))
+    (env.tmp / "lake").mkdir()
+    lake = local_lake(str(env.tmp / "lake"), catalog="catalogue_lake")
+    spark = local_session("pglogical-bad-inputs", cores=1)
+    try:
+        register_lake(spark, lake)
+        apply_manifest(spark, snapshot_path, lake)
+        env.sql("ALTER TABLE t ALTER COLUMN qty TYPE text; INSERT INTO t VALUES (11, 'eleven')")
+        batch = env.drain()
+        return raised(lambda: apply_manifest(spark, batch.manifest_uri, lake))
+    finally:
+        spark.stop()
+
+
+def malformed_pgoutput(env: Env) -> Outcome:
+    raw = json.loads((CAPTURES / "proto1.json").read_text())
+    messages = [bytes.fromhex(m["data"]) for m in raw["messages"]]
+    lsns = [int(Lsn.parse(m["lsn"])) for m in raw["messages"]]
+    first_insert = next(i for i, m in enumerate(messages) if m[:1] == b"I")
+    # Cut the captured Insert inside its tuple: what a damaged stream would carry.
+    messages[first_insert] = messages[first_insert][: len(messages[first_insert]) // 2]
+    return raised(lambda: BatchDecoder(1).decode(messages, lsns))
+
+
+def _two_tables(env: Env) -> None:
+    env.sql(
+        "CREATE TABLE a (id int PRIMARY KEY); INSERT INTO a SELECT generate_series(1, 1000);"
+        "CREATE TABLE z (id int PRIMARY KEY); INSERT INTO z SELECT generate_series(1, 1000);"
+        "CREATE PUBLICATION pub FOR TABLE a, z;"
+    )
+
+
+def copy_cut(env: Env) -> Outcome:
+    """Terminate the backend whose COPY of ``small`` waits on a lock taken once the plan is made."""
+    env.sql(
+        "CREATE TABLE big (id int PRIMARY KEY); INSERT INTO big SELECT generate_series(1, 10000);"
+        "CREATE TABLE small (id int PRIMARY KEY); INSERT INTO small VALUES (1);"
+        "CREATE PUBLICATION pub FOR TABLE big, small;"
+    )
+    locker = connect(env.dsn, autocommit=False)
+    cut: list[int] = []
+
+    def on_progress(progress: SnapshotProgress) -> None:
+        if progress.phase == "planned":
+            with locker.cursor() as cur:
+                cur.execute("LOCK TABLE small IN ACCESS EXCLUSIVE MODE")
+        elif not cut:
+            cut.extend(
+                row[0]
+                for row in env.pg.execute(
+                    "SELECT pg_terminate_backend(pid)::int FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND query LIKE 'COPY %'",
+                    env.db,
+                )
+            )
+
+    try:
+        return raised(
+            lambda: take_snapshot(
+                env.dsn,
+                "cdc",
+                ["pub"],
+                str(env.tmp),
+                parallelism=1,
+                progress_interval=0.05,
+                on_progress=on_progress,
+            )
+        )
+    finally:
+        locker.close()
+
+
+class _OnFirstPiece(logging.Handler):
+    """Runs ``action`` on the drain's first progress record, while staging waits for it."""
+
+    def __init__(self, action: Callable[[], object]) -> None:
+        super().__init__()
+        self.action = action
+        self.done = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("drain %s: %d changes") and not self.done:
+            self.done = True
+            self.action()
+
+
+def drain_cut(env: Env) -> Outcome:
+    """Terminate the backend sending the peek's COPY once the drain staged its first piece: the
+    ~25 MB window is far more than the socket buffers and the pieces in flight hold."""
+    env.sql("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE big;")
+    env.slot("cdc")
+    for first in range(1, 250_000, 25_000):  # pieces are staged per committed transaction
+        env.sql(
+            f"INSERT INTO big SELECT g, md5(g::text) || repeat('x', 60) "
+            f"FROM generate_series({first}, {first + 24_999}) g"
+        )
+    settings = DrainSettings(
+        "cdc", ("pub",), str(env.tmp), progress_seconds=0, chunk_bytes=256 << 10, chunk_messages=20_000
+    )
+    terminated: list[tuple[Any, ...]] = []
+    handler = _OnFirstPiece(
+        lambda: terminated.extend(
+            env.pg.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state = 'active' "
+                "AND query LIKE '%pg_logical_slot_peek_binary_changes%' AND pid <> pg_backend_pid()"
+            )
+        )
+    )
+    logger = logging.getLogger("airflow_provider_pglogical.drain")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        outcome = raised(lambda: drain_batch(env.dsn, settings))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert terminated == [(True,)], "the peek had ended before the cut"
+    return outcome
+
+
+def dead_snapshot(env: Env) -> Outcome:
+    _two_tables(env)
+
+    def kill_holder(progress: SnapshotProgress) -> None:
+        if progress.phase == "planned":
+            env.pg.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE backend_type = 'walsender' AND datname = current_database()",
+                env.db,
+            )
+
+    return raised(lambda: take_snapshot(env.dsn, "cdc", ["pub"], str(env.tmp), on_progress=kill_holder))
+
+
+def dropped_table(env: Env) -> Outcome:
+    _two_tables(env)
+
+    def drop_z(progress: SnapshotProgress) -> None:
+        if progress.phase == "planned":
+            env.sql("DROP TABLE z")
+
+    return raised(lambda: take_snapshot(env.dsn, "cdc", ["pub"], str(env.tmp), on_progress=drop_z))
+
+
+RUNS: dict[str, Callable[[Env], Outcome]] = {
+    "wal-level": wal_level,
+    "no-replication": no_replication,
+    "no-select": no_select,
+    "missing-slot": missing_slot,
+    "active-slot": active_slot,
+    "lost-slot": lost_slot,
+    "missing-publication": missing_publication,
+    "unwritable-staging": unwritable_staging,
+    "unreachable-catalog": unreachable_catalog,
+    "foreign-manifest": foreign_manifest,
+    "incompatible-schema": incompatible_schema,
+    "malformed-pgoutput": malformed_pgoutput,
+    "copy-cut": copy_cut,
+    "drain-cut": drain_cut,
+    "dead-snapshot": dead_snapshot,
+    "dropped-table": dropped_table,
+}
+
+
+@pytest.fixture(scope="module")
+def replica_cluster() -> Iterator[PostgresCluster]:
+    with PostgresCluster({"wal_level": "replica"}) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def tiny_wal_cluster() -> Iterator[PostgresCluster]:
+    """WAL past 1 MB behind a slot may be removed: ``pg_switch_wal`` + ``CHECKPOINT`` lose it."""
+    settings = {
+        "max_slot_wal_keep_size": "1MB",
+        "wal_keep_size": "0",
+        "min_wal_size": "32MB",
+        "max_wal_size": "64MB",
+        "checkpoint_timeout": "1h",
+    }
+    with PostgresCluster(settings) as cluster:
+        yield cluster
+
+
+def _param(case: BadInput) -> Any:
+    return pytest.param(case, id=case.key, marks=[pytest.mark.spark] if case.spark else [])
+
+
+@pytest.mark.parametrize("case", [_param(case) for case in CATALOGUE])
+def test_bad_input_fails_with_the_fix_in_its_message(
+    case: BadInput,
+    pg_cluster: PostgresCluster,
+    pg_dbname: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if case.spark and not os.environ.get("PGLOGICAL_SPARK_JARS"):
+        pytest.skip("PGLOGICAL_SPARK_JARS is not set: the Iceberg runtime jars are needed")
+    outcome = RUNS[case.key](Env(pg_cluster, pg_dbname, tmp_path, request, monkeypatch))
+    assert outcome.error == case.error, outcome
+    missing = [word for word in case.words if word not in outcome.message]
+    assert not missing, f"{case.error} message lacks {missing}: {outcome.message}"
+
+
+def test_every_case_has_a_run() -> None:
+    assert sorted(RUNS) == sorted(case.key for case in CATALOGUE)
+
+
+# --- the README's troubleshooting table ---------------------------------------------------------
+
+
+def readme_row(case: BadInput) -> str:
+    """The README table row of a case: cause | what fails | error | what to do."""
+    return f"| {case.cause} | {case.operation} | `{case.error}` | {case.fix} |"
+
+
+def troubleshooting_section(text: str) -> str:
+    match = re.search(r"^## Troubleshooting\n(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
+    assert match, "README.md has no '## Troubleshooting' section"
+    return match.group(1)
+
+
+def test_readme_troubleshooting_lists_every_case() -> None:
+    section = troubleshooting_section(README.read_text(encoding="utf-8"))
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| Cause")]
+    rows = [row for row in rows if not set(row) <= set("|- ")]
+    expected = [readme_row(case) for case in CATALOGUE]
+    assert rows == expected, "README.md's Troubleshooting table differs; it should read:\n" + "\n".join(
+        expected
+    )
