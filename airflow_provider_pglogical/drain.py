@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.catalog_facts import record_catalog_facts
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
@@ -226,6 +227,9 @@ def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str
                     arrow_type=str(writer.schema.field(column.name).type),
                     key=column.is_key,
                 )
+    staged = [name for writer in out.writers for name in writer.fields]
+    for sibling in overflow.sibling_manifests(list(columns), staged):
+        columns.setdefault(sibling.name, sibling)
     prefix = location.path(batch_dir) + "/"
     files = tuple(path[len(prefix) :] for writer in out.writers for path in writer.files)
     versions = tuple(

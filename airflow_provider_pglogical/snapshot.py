@@ -43,6 +43,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from psycopg2 import sql
 
+from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
     ConnectionLostError,
@@ -86,7 +87,7 @@ from airflow_provider_pglogical.replication.slots import (
 )
 from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.staging import DEFAULT_MAX_FILE_BYTES, PartFileWriter, StagingLocation
-from airflow_provider_pglogical.types import arrow_type, pg_type_name, text_to_arrow
+from airflow_provider_pglogical.types import arrow_type, pg_type_name
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -244,11 +245,14 @@ class TablePlan:
             query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conditions))
         return query
 
-    def manifest(self, rows: int, files: Sequence[str]) -> TableManifest:
+    def manifest(self, rows: int, files: Sequence[str], staged: Sequence[str] = ()) -> TableManifest:
+        """The table's manifest entry; ``staged`` are the field names of its files (for siblings)."""
+        columns = [column.manifest() for column in self.columns]
+        columns += overflow.sibling_manifests([c.name for c in self.columns], staged)
         return TableManifest(
             schema=self.schema,
             table=self.table,
-            columns=tuple(column.manifest() for column in self.columns),
+            columns=tuple(columns),
             key_columns=self.key_columns,
             replica_identity=self.replica_identity,  # type: ignore[arg-type]
             rows=rows,
@@ -261,12 +265,14 @@ class TablePlan:
 
 @dataclass(frozen=True, slots=True)
 class TableCopy:
-    """The staged result of one table: files relative to the snapshot directory, rows, bytes."""
+    """The staged result of one table: files relative to the snapshot directory, rows, bytes, and
+    the names of the fields its files hold (overflow siblings only where needed)."""
 
     plan: TablePlan
     files: tuple[str, ...]
     rows: int
     bytes: int
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -445,7 +451,17 @@ def import_snapshot(conn: Any, snapshot_name: str) -> None:
 
 def _spark_can_type(data_type: pa.DataType) -> bool:
     """Whether ``spark/snapshot_jdbc.py`` can cast text to this staged type exactly."""
-    return not (pa.types.is_list(data_type) or pa.types.is_time(data_type))
+    return not pa.types.is_list(data_type)
+
+
+def _spark_column(column: ColumnPlan) -> dict[str, Any]:
+    """A column of the Spark job spec; ``sibling`` names its overflow column when values may not fit."""
+    may_overflow = overflow.may_need_sibling(column.type_oid, column.typmod)
+    return {
+        "name": column.name,
+        "arrow_type": str(column.arrow_type),
+        "sibling": overflow.sibling_name(column.name) if may_overflow else None,
+    }
 
 
 def jdbc_connection(conn_params: ConnParams) -> tuple[str, dict[str, str], str | None]:
@@ -512,6 +528,7 @@ class _TableState:
     files: list[str] = field(default_factory=list)
     rows: int = 0
     bytes: int = 0
+    fields: set[str] = field(default_factory=set)
 
 
 class _LocalCopy:
@@ -557,7 +574,11 @@ class _LocalCopy:
         copies = []
         for plan in plans:
             state = self.states[plan.qualified]
-            copies.append(TableCopy(plan, tuple(sorted(state.files)), state.rows, state.bytes))
+            copies.append(
+                TableCopy(
+                    plan, tuple(sorted(state.files)), state.rows, state.bytes, tuple(sorted(state.fields))
+                )
+            )
         return copies
 
     def _monitor(self, futures: list[concurrent.futures.Future[None]], started: float) -> None:
@@ -637,6 +658,7 @@ class _LocalCopy:
             state.files.extend(relative)
             state.rows += writer.rows
             state.bytes += writer.bytes
+            state.fields.update(writer.fields)
             state.remaining -= 1
             if state.remaining == 0:
                 self.counters.add(tables=1)
@@ -776,7 +798,8 @@ def _typed_batches(
     max_memory_bytes: int,
     raw_text: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """Parse COPY's text format into string columns, then type each with ``types.text_to_arrow``.
+    """Parse COPY's text format into string columns, then type each with ``types.text_to_arrow``;
+    a chunk where some values do not fit their type carries their overflow siblings too.
 
     Text format (tab-separated, ``\\N`` for NULL, backslash escapes) costs the server less
     than CSV and parses faster: tabs and newlines inside values are always escaped, so
@@ -803,11 +826,18 @@ def _typed_batches(
             convert_options=convert_options,
         )
         columns = [escape_raw_text(c) if raw_text else c for c in table.columns]
-        arrays = [
-            text_to_arrow(decode_copy_text(columns[i]), column.type_oid, column.typmod)
+        converted = [
+            overflow.typed_with_text(decode_copy_text(columns[i]), column.type_oid, column.typmod)
             for i, column in enumerate(plan.columns)
         ]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        typed = [values for values, _ in converted]
+        fields, siblings = overflow.add_siblings(
+            [column.name for column in plan.columns], typed, [text for _, text in converted]
+        )
+        if fields:
+            yield pa.RecordBatch.from_arrays(typed + siblings, schema=pa.schema([*schema, *fields]))
+        else:
+            yield pa.RecordBatch.from_arrays(typed, schema=schema)
 
 
 # --- orchestration ----------------------------------------------------------------------------
@@ -1018,13 +1048,16 @@ class SnapshotRun:
             import_snapshot(conn, self.snapshot_name)
             with conn.cursor() as cur:
                 published = self._published(conn)
-                return [
+                plans = [
                     _plan_table(cur, p, self.parallelism, self.range_bytes, self.min_range_bytes)
                     for p in published
                 ]
         finally:
             # Ends the transaction: it must not hold locks (pg_relation_size takes one) during the copy.
             conn.close()
+        for plan in plans:
+            overflow.check_names(plan.qualified, [c.name for c in plan.columns])
+        return plans
 
     def _report(self, phase: str, counters: _Counters, seconds: float, *, force: bool = False) -> None:
         """Log progress (at most every ``progress_interval`` seconds unless forced) and call back."""
@@ -1097,8 +1130,8 @@ class SnapshotRun:
         ]
         if unsupported:
             raise PgLogicalError(
-                f"the Spark copy engine cannot type {', '.join(unsupported)} (arrays and times need the "
-                "local engine's text conversion); use copy_engine='local' or choose other tables"
+                f"the Spark copy engine cannot type {', '.join(unsupported)} (arrays need the local "
+                "engine's text conversion); use copy_engine='local' or choose other tables"
             )
         if stores_raw_text(self._catalog):
             raise PgLogicalError(
@@ -1118,7 +1151,7 @@ class SnapshotRun:
                     "queries": [
                         plan.select(r, as_text=True).as_string(self._catalog) for r in plan.block_ranges
                     ],
-                    "columns": [{"name": c.name, "arrow_type": str(c.arrow_type)} for c in plan.columns],
+                    "columns": [_spark_column(c) for c in plan.columns],
                 }
             )
         if not _SNAPSHOT_NAME.match(self.snapshot_name):
@@ -1139,7 +1172,7 @@ class SnapshotRun:
         copies = []
         for plan in self.plan:
             directory = self.location.path(self.batch_dir, plan.dir_name)
-            files, rows, size = [], 0, 0
+            files, rows, size, fields = [], 0, 0, set()
             for path in self.location.list_files(directory):
                 name = posixpath.basename(path)
                 if not (name.startswith("part-") and name.endswith(".parquet")):
@@ -1147,10 +1180,12 @@ class SnapshotRun:
                     continue
                 info = self.location.filesystem.get_file_info(path)
                 with self.location.filesystem.open_input_file(path) as handle:
-                    rows += pq.ParquetFile(handle).metadata.num_rows
+                    staged = pq.ParquetFile(handle)
+                    rows += staged.metadata.num_rows
+                    fields.update(staged.schema_arrow.names)
                 size += info.size or 0
                 files.append(posixpath.relpath(path, self.batch_dir))
-            copies.append(TableCopy(plan, tuple(files), rows, size))
+            copies.append(TableCopy(plan, tuple(files), rows, size, tuple(sorted(fields))))
         self.check_holder()
         return copies
 
@@ -1167,7 +1202,7 @@ class SnapshotRun:
             end_lsn=self.consistent_point,
             snapshot_name=self.snapshot_name,
             snapshot_slot=self.created.slot_name if self.created else None,
-            tables=tuple(copy.plan.manifest(copy.rows, copy.files) for copy in copies),
+            tables=tuple(copy.plan.manifest(copy.rows, copy.files, copy.fields) for copy in copies),
             stats=ManifestStats(bytes=sum(c.bytes for c in copies), seconds=round(seconds, 3)),
         )
         path = self.location.write_manifest(self.batch_dir, manifest)

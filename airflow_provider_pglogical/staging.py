@@ -137,7 +137,9 @@ class PartFileWriter:
     file starts once the current one has reached ``max_file_bytes``. Dictionary encoding is off
     by default: staged files are read once by the apply job, and building dictionaries for
     mostly-unique columns cost a third of the write time and made the files larger. ``close`` always leaves
-    at least one file by default, so a table with no rows still has its schema staged.
+    at least one file by default, so a table with no rows still has its schema staged. A batch
+    of another schema (one with overflow sibling columns, docs/TYPES.md) starts a new file of
+    that schema; ``fields`` lists every field any file got, in first-seen order.
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class PartFileWriter:
         self.location = location
         self.directory = directory
         self.schema = schema
+        self.fields: dict[str, pa.Field] = {f.name: f for f in schema}
         self.prefix = prefix
         self.max_file_bytes = max_file_bytes
         self.compression = compression
@@ -183,6 +186,11 @@ class PartFileWriter:
         self._writer, self._sink = None, None
 
     def write(self, batch: pa.RecordBatch) -> None:
+        if not batch.schema.equals(self.schema):
+            self._finish_file()
+            self.schema = batch.schema
+            for f in batch.schema:
+                self.fields.setdefault(f.name, f)
         writer = self._writer or self._open()
         writer.write_batch(batch)
         self.rows += batch.num_rows

@@ -29,7 +29,7 @@ numeric (no typmod, p > 38) string (exact text)
 text, varchar, bpchar, name string (``bpchar`` keeps its padding, as the server sends it)
 bytea                       binary (from hex text)
 date                        date32
-time                        time64[us]
+time                        string (PostgreSQL's text ``HH:MM:SS[.ffffff]``; ``24:00:00`` too)
 timestamp                   timestamp[us]
 timestamptz                 timestamp[us, UTC]
 uuid                        string (canonical lower-case text; Spark has no UUID type)
@@ -39,22 +39,25 @@ anything else               string (exact text: interval, money, timetz, inet, c
 =========================== ==========================================================
 
 Values that the chosen Arrow type cannot hold (``infinity``/``-infinity`` and BC or year > 9999
-dates and timestamps, ``NaN``/``Infinity`` numerics in a decimal column, ``24:00:00`` times,
-multi-dimensional arrays in a list column) are never dropped or silently nulled:
-:func:`text_to_arrow` raises :class:`UnrepresentableValueError`, and
-:func:`text_to_arrow_with_overflow` returns them as exact text next to the typed column for
-callers that can store such a side channel.
+dates and timestamps, ``NaN``/``Infinity`` numerics in a decimal column, multi-dimensional arrays
+and arrays with non-default bounds in a list column) are never dropped or silently nulled:
+:func:`text_to_arrow_with_overflow` returns them as their exact PostgreSQL text next to the typed
+column (where they are null), which the staging writers store in the column's overflow sibling
+(:mod:`.overflow`, docs/TYPES.md); :func:`text_to_arrow` raises
+:class:`UnrepresentableValueError` instead, for callers with no such side channel.
 
 With the pgoutput ``binary`` option values come in each type's *send* format instead:
-:func:`binary_to_arrow` reads the common built-in scalars into the same Arrow types (the tests
-check it against the text route on server captures) and refuses the rest (arrays, interval,
-custom types...) with :class:`UnsupportedBinaryTypeError` rather than guess.
+:func:`binary_to_arrow_with_overflow` reads the common built-in scalars into the same Arrow types
+and the same overflow text (the tests check it against the text route on server captures) and
+refuses the rest (arrays, interval, custom types...) with :class:`UnsupportedBinaryTypeError`
+rather than guess.
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -67,6 +70,8 @@ __all__ = [
     "UnsupportedBinaryTypeError",
     "arrow_type",
     "binary_to_arrow",
+    "binary_to_arrow_with_overflow",
+    "can_overflow",
     "pg_type_name",
     "text_to_arrow",
     "text_to_arrow_with_overflow",
@@ -177,7 +182,6 @@ _SCALAR_ARROW: dict[int, pa.DataType] = {
     700: pa.float32(),
     701: pa.float64(),
     1082: pa.date32(),
-    1083: pa.time64("us"),
     1114: pa.timestamp("us"),
     1184: pa.timestamp("us", tz="UTC"),
 }
@@ -228,6 +232,17 @@ def arrow_type(type_oid: int, typmod: int) -> pa.DataType:
         # Array typmods are the element's typmod (numeric(10,2)[] has the numeric typmod).
         return pa.list_(_scalar_type(element, typmod))
     return _scalar_type(type_oid, typmod)
+
+
+def can_overflow(type_oid: int, typmod: int) -> bool:
+    """Whether some value of this type may not fit its Arrow type (and then needs the sibling)."""
+    target = arrow_type(type_oid, typmod)
+    return bool(
+        pa.types.is_list(target)
+        or pa.types.is_date(target)
+        or pa.types.is_timestamp(target)
+        or pa.types.is_decimal(target)
+    )
 
 
 def text_to_arrow(values: pa.Array, type_oid: int, typmod: int) -> pa.Array:
@@ -294,9 +309,6 @@ def _cast_fast(values: pa.Array, type_oid: int, target: pa.DataType) -> pa.Array
         return _text_to_bool(values)
     if type_oid == _BYTEA:
         return _hex_to_binary(values)
-    if type_oid == _TIME:
-        stamps = pc.binary_join_element_wise("1970-01-01 ", values, "")
-        return pc.cast(pc.cast(stamps, pa.timestamp("us")), target)
     # pyarrow reads "0044-03-15 BC" as year 44 AD; refuse rather than shift by 87 years.
     if (pa.types.is_date(target) or pa.types.is_timestamp(target)) and pc.any(
         pc.ends_with(values, " BC")
@@ -414,53 +426,69 @@ _FIXED_BINARY: dict[int, str] = {
 }  # fmt: skip
 # Types whose send format is their text in the server encoding (UTF-8 here).
 _TEXT_BINARY = frozenset({19, 25, 114, 142, 1042, 1043})
-_JSONB, _UUID, _DATE = 3802, 2950, 1082
+_JSONB, _UUID, _DATE, _TIMESTAMPTZ = 3802, 2950, 1082, 1184
 _PG_EPOCH_DAYS = 10_957
 _PG_EPOCH_US = 946_684_800_000_000
 _DAY_US = 86_400_000_000
 # date32 and timestamp[us] bounds that keep values in years 1..9999, like the text route.
 _DATE_RANGE = (-719_162, 2_932_896)
-_TIMESTAMP_RANGE = (-62_135_596_800_000_000, 253_402_300_800_000_000)
+_TIMESTAMP_RANGE = (-62_135_596_800_000_000, 253_402_300_800_000_000 - 1)
 _NUMERIC_HEAD = struct.Struct("!hhHh")
+# date and timestamp send ``infinity`` / ``-infinity`` as the extremes of their integer type.
+_DATE_INFINITIES = {2**31 - 1: "infinity", -(2**31): "-infinity"}
+_TIMESTAMP_INFINITIES = {2**63 - 1: "infinity", -(2**63): "-infinity"}
 _NUMERIC_SPECIAL = {0xC000: "NaN", 0xD000: "Infinity", 0xF000: "-Infinity"}
 
 
 def binary_to_arrow(values: pa.Array, type_oid: int, typmod: int) -> pa.Array:
+    """Like :func:`binary_to_arrow_with_overflow`, but a value that does not fit raises
+    :class:`UnrepresentableValueError`."""
+    typed, overflow = binary_to_arrow_with_overflow(values, type_oid, typmod)
+    if overflow is not None:
+        raise UnrepresentableValueError(type_oid, typmod, [v for v in overflow.to_pylist() if v is not None])
+    return typed
+
+
+def binary_to_arrow_with_overflow(
+    values: pa.Array, type_oid: int, typmod: int
+) -> tuple[pa.Array, pa.Array | None]:
     """Convert a column of binary-format values (pgoutput ``b`` kind; nulls = SQL NULL).
 
     Supported: the fixed-width built-ins (integers, oid, floats, bool, date, time, timestamps),
     text-like types, json, jsonb, bytea, uuid and numeric. Anything else raises
-    :class:`UnsupportedBinaryTypeError`; values out of the Arrow type's range raise
-    :class:`UnrepresentableValueError`, as in the text route.
+    :class:`UnsupportedBinaryTypeError`. Returns ``(typed, overflow)`` like
+    :func:`text_to_arrow_with_overflow`: values out of the Arrow type's range come back as the
+    exact text PostgreSQL prints for them (``DateStyle=ISO``, ``TimeZone=UTC``), as in the text
+    route; ``time`` becomes that text too.
     """
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     values = values.cast(pa.binary())
     target = arrow_type(type_oid, typmod)
     if type_oid in _FIXED_BINARY:
-        return _fixed_binary(values, type_oid, typmod, target)
+        return _fixed_binary(values, type_oid, target)
     if type_oid in _TEXT_BINARY or type_oid == _JSONB:
         if type_oid == _JSONB:
             if not pc.all(pc.starts_with(values, "\x01"), min_count=0).as_py():
                 raise UnsupportedBinaryTypeError("jsonb binary value with a format version other than 1")
             values = pa.array([None if v is None else v[1:] for v in values.to_pylist()], pa.binary())
         try:
-            return values.cast(pa.string())
+            return values.cast(pa.string()), None
         except pa.ArrowInvalid as exc:
             raise UnsupportedBinaryTypeError(f"{pg_type_name(type_oid)} value is not UTF-8: {exc}") from None
     if type_oid == _BYTEA:
-        return values
+        return values, None
     if type_oid in (_UUID, _NUMERIC):
         convert = _uuid_text if type_oid == _UUID else _numeric_text
         texts = [None if v is None else convert(v) for v in values.to_pylist()]
-        return text_to_arrow(pa.array(texts, pa.string()), type_oid, typmod)
+        return text_to_arrow_with_overflow(pa.array(texts, pa.string()), type_oid, typmod)
     raise UnsupportedBinaryTypeError(
         f"binary format of type {pg_type_name(type_oid)} is not supported; decode it as text "
         "(leave the pgoutput 'binary' option off)"
     )
 
 
-def _fixed_binary(values: pa.Array, type_oid: int, typmod: int, target: pa.DataType) -> pa.Array:
+def _fixed_binary(values: pa.Array, type_oid: int, target: pa.DataType) -> tuple[pa.Array, pa.Array | None]:
     dtype = np.dtype(_FIXED_BINARY[type_oid])
     valid = pc.is_valid(values).to_numpy(zero_copy_only=False)
     lengths = pc.fill_null(pc.binary_length(values), dtype.itemsize).to_numpy(zero_copy_only=False)
@@ -475,34 +503,86 @@ def _fixed_binary(values: pa.Array, type_oid: int, typmod: int, target: pa.DataT
     if raw is not None:
         numbers[valid] = raw
     if type_oid == _BOOL:
-        return pa.array(numbers != 0, pa.bool_(), mask=~valid)
-    if type_oid == _DATE:
-        days = numbers.astype(np.int64) + _PG_EPOCH_DAYS
-        _check_range(days, valid, _DATE_RANGE, type_oid, typmod)
-        return pa.array(days.astype(np.int32), pa.int32(), mask=~valid).cast(target)
+        return pa.array(numbers != 0, pa.bool_(), mask=~valid), None
     if type_oid == _TIME:
-        _check_range(numbers, valid, (0, _DAY_US - 1), type_oid, typmod)
-        return pa.array(numbers, pa.int64(), mask=~valid).cast(target)
+        texts = [time_text(int(v)) if ok else None for v, ok in zip(numbers, valid, strict=True)]
+        return pa.array(texts, pa.string()), None
+    if type_oid == _DATE:
+        days = numbers.astype(np.int64)
+        outside = _outside(days + _PG_EPOCH_DAYS, valid, _DATE_RANGE)
+        days[outside] = 0
+        typed = pa.array((days + _PG_EPOCH_DAYS).astype(np.int32), pa.int32(), mask=~valid | outside)
+        return typed.cast(target), _overflow_texts(numbers, outside, _date_text)
     if pa.types.is_timestamp(target):
         micros = numbers.astype(np.int64)
-        _check_range(
-            micros,
-            valid,
-            (_TIMESTAMP_RANGE[0] - _PG_EPOCH_US, _TIMESTAMP_RANGE[1] - _PG_EPOCH_US),
-            type_oid,
-            typmod,
-        )
-        return pa.array(micros + _PG_EPOCH_US, pa.int64(), mask=~valid).cast(target)
-    return pa.array(numbers, mask=~valid).cast(target)
+        bounds = (_TIMESTAMP_RANGE[0] - _PG_EPOCH_US, _TIMESTAMP_RANGE[1] - _PG_EPOCH_US)
+        outside = _outside(micros, valid, bounds)
+        micros[outside] = 0
+        typed = pa.array(micros + _PG_EPOCH_US, pa.int64(), mask=~valid | outside).cast(target)
+        zone = "+00" if type_oid == _TIMESTAMPTZ else ""
+        return typed, _overflow_texts(numbers, outside, lambda v: _timestamp_text(v, zone))
+    return pa.array(numbers, mask=~valid).cast(target), None
 
 
-def _check_range(
-    numbers: np.ndarray, valid: np.ndarray, bounds: tuple[int, int], type_oid: int, typmod: int
-) -> None:
-    outside = valid & ((numbers < bounds[0]) | (numbers > bounds[1]))
-    if np.any(outside):
-        shown = [str(int(v)) for v in numbers[outside][:5]]
-        raise UnrepresentableValueError(type_oid, typmod, [f"binary value {v}" for v in shown])
+def _outside(numbers: np.ndarray, valid: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
+    result: np.ndarray = valid & ((numbers < bounds[0]) | (numbers > bounds[1]))
+    return result
+
+
+def _overflow_texts(numbers: np.ndarray, outside: np.ndarray, text: Callable[[int], str]) -> pa.Array | None:
+    if not outside.any():
+        return None
+    return pa.array(
+        [text(int(v)) if bad else None for v, bad in zip(numbers, outside, strict=True)], pa.string()
+    )
+
+
+def time_text(micros: int) -> str:
+    """``time`` as PostgreSQL prints it: ``HH:MM:SS``, then ``.ffffff`` without trailing zeros."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    text = f"{hour:02d}:{minute:02d}:{second:02d}"
+    return f"{text}.{fraction:06d}".rstrip("0") if fraction else text
+
+
+def _civil(days: int) -> tuple[int, int, int]:
+    """Proleptic Gregorian (year, month, day) of a day count from 1970-01-01; year 0 is 1 BC.
+
+    Howard Hinnant's ``civil_from_days``: exact for any integer, unlike ``datetime``.
+    """
+    z = days + 719_468
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (month <= 2), month, day
+
+
+def _ymd_text(days: int) -> tuple[str, str]:
+    """(``YYYY-MM-DD``, era suffix) of a day count from 1970-01-01, as PostgreSQL prints them."""
+    year, month, day = _civil(days)
+    if year <= 0:
+        return f"{1 - year:04d}-{month:02d}-{day:02d}", " BC"
+    return f"{year:04d}-{month:02d}-{day:02d}", ""
+
+
+def _date_text(pg_days: int) -> str:
+    if pg_days in _DATE_INFINITIES:
+        return _DATE_INFINITIES[pg_days]
+    text, era = _ymd_text(pg_days + _PG_EPOCH_DAYS)
+    return text + era
+
+
+def _timestamp_text(pg_micros: int, zone: str) -> str:
+    if pg_micros in _TIMESTAMP_INFINITIES:
+        return _TIMESTAMP_INFINITIES[pg_micros]
+    days, micros = divmod(pg_micros + _PG_EPOCH_US, _DAY_US)
+    text, era = _ymd_text(days)
+    return f"{text} {time_text(micros)}{zone}{era}"
 
 
 def _uuid_text(raw: bytes) -> str:

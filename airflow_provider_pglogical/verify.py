@@ -4,7 +4,8 @@ The source side is read the way the initial snapshot reads it (same column lists
 and type mapping) through a throwaway slot's exported snapshot, staged to a scratch directory;
 the lake side is read with pyiceberg through the lake's own catalog, so no Spark session is
 needed. Rows are compared as multisets (duplicates count). Run it when the source is quiet, or
-pass the cut of the batch that matches the source: a busy source is ahead of the lake.
+pass the cut of the batch that matches the source: a busy source is ahead of the lake. A value
+held in an overflow sibling (docs/TYPES.md) is compared exactly: the siblings are part of the row.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lake_catalog import Cut, read_table
 from airflow_provider_pglogical.replication import connect, drop_slot
@@ -55,6 +57,26 @@ def _hashable(value: Any) -> Hashable:
     if isinstance(value, dict):
         return tuple((k, _hashable(v)) for k, v in value.items())
     return value  # type: ignore[no-any-return]
+
+
+def with_siblings(source: pa.Table, lake: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Both sides with every overflow sibling either has (docs/TYPES.md): a sibling absent on one
+    side is all NULL there, so a stale lake sibling, or a missing one, is a difference."""
+    names = [n for n in source.column_names if not overflow.is_sibling(n)]
+    wanted = [
+        overflow.sibling_name(n)
+        for n in names
+        if overflow.sibling_name(n) in source.column_names or overflow.sibling_name(n) in lake.column_names
+    ]
+
+    def complete(table: pa.Table) -> pa.Table:
+        for name in wanted:
+            if name not in table.column_names:
+                table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
+        return table
+
+    order = [*names, *wanted]
+    return complete(source).select(order), complete(lake)
 
 
 def _aligned(source: pa.Table, lake: pa.Table) -> tuple[pa.Table, str]:
@@ -104,12 +126,14 @@ def compare_tables(
     results = []
     for entry in manifest.tables:
         parts = [pq.read_table(f"{base}/{name}") for name in entry.files]
-        source = pa.concat_tables(parts) if parts else pa.table({})
+        # Files differ in the overflow siblings they carry: the union of columns, absent = NULL.
+        source = pa.concat_tables(parts, promote_options="default") if parts else pa.table({})
         try:
             lake_rows = read_table(lake, entry.schema, entry.table, cut=cut)
         except Exception as exc:  # a missing table is a finding, not a crash of the check
             results.append(TableComparison(entry.qualified, source.num_rows, 0, source.num_rows, 0, str(exc)))
             continue
+        source, lake_rows = with_siblings(source, lake_rows)
         aligned, detail = _aligned(source, lake_rows)
         missing, extra = (0, 0) if detail else multiset_difference(source, aligned)
         results.append(

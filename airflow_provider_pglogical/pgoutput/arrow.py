@@ -19,7 +19,7 @@ relation mid-batch, the table appears once per shape, each with its own schema, 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.pgoutput.assembly import RowChange, Transaction
 from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
@@ -38,7 +39,7 @@ from airflow_provider_pglogical.pgoutput.messages import (
     TupleData,
     TupleKind,
 )
-from airflow_provider_pglogical.types import arrow_type, binary_to_arrow, text_to_arrow
+from airflow_provider_pglogical.types import arrow_type
 
 DEFAULT_MAX_ROWS = 65_536
 """Rows per record batch: bounds the memory a consumer needs per batch it writes."""
@@ -80,7 +81,8 @@ class TableChanges:
         return sum(b.num_rows for b in self.batches)
 
     def to_table(self) -> pa.Table:
-        return pa.Table.from_batches(self.batches, schema=change_schema(self.relation))
+        schema = self.batches[0].schema if self.batches else change_schema(self.relation)
+        return pa.Table.from_batches(self.batches, schema=schema)
 
 
 TRANSACTION_SCHEMA = pa.schema(
@@ -182,9 +184,10 @@ def column_fields(relation: Relation) -> list[pa.Field]:
     ]
 
 
-def change_schema(relation: Relation) -> pa.Schema:
-    """Schema of a change table: published columns, then the ``_pgl_*`` metadata columns."""
-    columns = column_fields(relation)
+def change_schema(relation: Relation, siblings: Sequence[pa.Field] = ()) -> pa.Schema:
+    """Schema of a change table: published columns, the overflow siblings the rows need (in
+    ``_pgl_old`` too), then the ``_pgl_*`` metadata columns."""
+    columns = [*column_fields(relation), *siblings]
     fields = [
         *columns,
         *METADATA_FIELDS,
@@ -221,32 +224,58 @@ class _Columns:
 
 
 def build_batches(relation: Relation, raw: _Columns, max_rows: int) -> list[pa.RecordBatch]:
-    """Type the raw text columns and lay them out as FORMATS.md's change table."""
-    schema = change_schema(relation)
+    """Type the raw text columns and lay them out as FORMATS.md's change table.
+
+    Values a column's type cannot hold go to its overflow sibling (:mod:`..overflow`), which
+    these batches carry only when some value overflows or the column is unchanged TOAST here.
+    """
     columns = relation.columns
+    names = [c.name for c in columns]
+    overflow.check_names(f"{relation.namespace}.{relation.name}", names)
     count = len(raw.seq)
     # Typing only the rows that carry a tuple, then spreading them out, saves casting nulls.
     spread_new = _spreader(raw.new_rows, raw.new, count)
-    typed_new = [_spread(_typed(raw.new[i], c), spread_new, count) for i, c in enumerate(columns)]
-    old_struct_type = schema.field("_pgl_old").type
+    new = [_typed(raw.new[i], c, spread_new, count) for i, c in enumerate(columns)]
+    toasted = set(pc.unique(pc.list_flatten(raw.unchanged)).to_pylist()) if count else set()
+    needed = [
+        c.name for c in columns if c.name in toasted and overflow.may_need_sibling(c.type_oid, c.typmod)
+    ]
+    old: list[tuple[pa.Array, pa.Array | None]] = []
     if len(raw.old_rows):
         spread_old = _spreader(raw.old_rows, raw.old, count)
-        typed_old = [_spread(_typed(raw.old[i], c), spread_old, count) for i, c in enumerate(columns)]
+        old = [_typed(raw.old[i], c, spread_old, count) for i, c in enumerate(columns)]
+        needed += [c.name for c, (_, text) in zip(columns, old, strict=True) if text is not None]
+    texts = [t for _, t in new]
+    fields, new_siblings = overflow.add_siblings(names, [v for v, _ in new], texts, needed)
+    schema = change_schema(relation, fields)
+    with_sibling = [n for n in names if overflow.sibling_name(n) in {f.name for f in fields}]
+    old_struct_type = schema.field("_pgl_old").type
+    if old:
+        old_fields = [v for v, _ in old]
+        old_fields += [
+            text if text is not None else pa.nulls(count, pa.string())
+            for name, (_, text) in zip(names, old, strict=True)
+            if name in with_sibling
+        ]
         has_old = np.zeros(count, dtype=np.bool_)
         has_old[raw.old_rows] = True
-        old = pa.StructArray.from_arrays(typed_old, fields=list(old_struct_type), mask=pa.array(~has_old))
+        old_array = pa.StructArray.from_arrays(
+            old_fields, fields=list(old_struct_type), mask=pa.array(~has_old)
+        )
     else:
-        old = pa.nulls(count, old_struct_type)
+        old_array = pa.nulls(count, old_struct_type)
+    unchanged = overflow.with_sibling_unchanged(raw.unchanged, with_sibling)
     arrays = [
-        *typed_new,
+        *[v for v, _ in new],
+        *new_siblings,
         raw.op,
         pa.array(raw.commit_lsn, pa.int64()),
         pa.array(raw.end_lsn, pa.int64()),
         pa.array(raw.seq, pa.int64()),
         pa.array(raw.xid, pa.int64()),
         pa.array(raw.commit_time + PG_EPOCH_US, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        raw.unchanged,
-        old,
+        unchanged,
+        old_array,
         raw.truncate_flags,
     ]
     batches: list[pa.RecordBatch] = pa.Table.from_arrays(arrays, schema=schema).to_batches(
@@ -255,11 +284,13 @@ def build_batches(relation: Relation, raw: _Columns, max_rows: int) -> list[pa.R
     return batches
 
 
-def _typed(values: pa.Array, column: Column) -> pa.Array:
-    """Text values (string arrays) or binary-format ones (binary arrays) to the column's type."""
-    if pa.types.is_binary(values.type):
-        return binary_to_arrow(values, column.type_oid, column.typmod)
-    return text_to_arrow(values, column.type_oid, column.typmod)
+def _typed(
+    values: pa.Array, column: Column, spreader: pa.Array | None, count: int
+) -> tuple[pa.Array, pa.Array | None]:
+    """Text values (string arrays) or binary-format ones (binary arrays) to the column's type,
+    spread over the table's rows, with the overflow text (None when every value fits)."""
+    typed, text = overflow.typed_with_text(values, column.type_oid, column.typmod)
+    return _spread(typed, spreader, count), None if text is None else _spread(text, spreader, count)
 
 
 def _spreader(rows: Int64Array, arrays: list[pa.Array], count: int) -> pa.Array | None:

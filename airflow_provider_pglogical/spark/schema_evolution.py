@@ -31,7 +31,7 @@ from airflow_provider_pglogical.schema_changes import (
 )
 from airflow_provider_pglogical.spark.changes import OLD, column
 from airflow_provider_pglogical.spark.iceberg import IcebergTables, ResnapshotNeededError, quote, temp_view
-from airflow_provider_pglogical.spark.staged import files_reaching
+from airflow_provider_pglogical.spark.staged import files_reaching, parquet_reader
 
 log = logging.getLogger("pglogical.apply")
 
@@ -97,7 +97,7 @@ class SchemaSteps:
         """Each fill's value as a column of the type ``schema`` gives it (NULL, or the missing value)."""
         row = None
         if self.missing_values is not None and any(f.missing for f in self.fills):
-            row = spark.read.parquet(self.missing_values).first()
+            row = parquet_reader(spark).parquet(self.missing_values).first()
         values = {}
         for fill in self.fills:
             dtype = schema[fill.column].dataType

@@ -10,7 +10,11 @@ Spark partition), and every partition's connection first runs the spec's ``sessi
 which imports the exported snapshot, so all partitions of all tables see the database at the
 slot's consistent point. Columns arrive as their PostgreSQL text form and are cast here to the
 types the local engine and the drain produce (``types.arrow_type``), with ANSI casts so a value
-that does not fit fails the job instead of becoming null. The JDBC password is read from the
+that does not fit fails the job instead of becoming null. A column whose values may not fit its
+type (dates, timestamps, decimals: the spec names its ``sibling``) casts only text of the exact
+shape the type holds; other values (``infinity``, BC, year 10000, ``NaN``) stay NULL there and
+go, as their exact text, to the overflow sibling column, which this engine writes for every such
+column (all NULL when nothing overflows; docs/TYPES.md). The JDBC password is read from the
 environment variable ``PGLOGICAL_JDBC_PASSWORD``, never from the spec.
 
 Exit status 0 on success (a JSON summary on stdout), 2 on an error a user must act on (message
@@ -49,6 +53,15 @@ _SIMPLE = {
     "timestamp[us, tz=UTC]": "timestamp",
 }
 _DECIMAL = re.compile(r"^decimal128\((\d+), (-?\d+)\)$")
+# Text the typed column holds exactly, per Spark type; anything else overflows (Java regexes).
+_FITS = {
+    "date": r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$",
+    "timestamp_ntz": r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?$",
+    "timestamp": (
+        r"^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?[+-][0-9]{2}(:[0-9]{2})?$"
+    ),
+    "decimal": r"^-?[0-9]+(\.[0-9]+)?$",
+}
 
 
 class JobSpecError(Exception):
@@ -76,6 +89,22 @@ def typed_column(name: str, arrow_type: str) -> Column:
     if target is None:
         raise JobSpecError(f"column {name!r}: staged type {arrow_type} is not supported by the Spark engine")
     return text.cast(target).alias(name)
+
+
+def typed_columns(column: dict[str, Any]) -> list[Column]:
+    """A spec column's typed column, then its overflow sibling if the spec names one."""
+    name, sibling = column["name"], column.get("sibling")
+    if not sibling:
+        return [typed_column(name, column["arrow_type"])]
+    target = spark_type(column["arrow_type"])
+    if target is None:
+        raise JobSpecError(f"column {name!r}: staged type {column['arrow_type']} is not supported")
+    text = sf.col(f"`{name.replace('`', '``')}`")
+    fits = text.rlike(_FITS[target.split("(")[0]])
+    return [
+        sf.when(fits, text.cast(target)).alias(name),
+        sf.when(text.isNotNull() & ~fits, text).alias(sibling),
+    ]
 
 
 def check_spec(spec: dict[str, Any]) -> None:
@@ -110,7 +139,7 @@ def read_table(spark: SparkSession, spec: dict[str, Any], table: dict[str, Any])
         for query in table["queries"]
     ]
     frame = functools.reduce(DataFrame.unionAll, parts)
-    return frame.select(*[typed_column(c["name"], c["arrow_type"]) for c in table["columns"]])
+    return frame.select(*[typed for c in table["columns"] for typed in typed_columns(c)])
 
 
 def load_spec(path: str) -> dict[str, Any]:
@@ -127,6 +156,8 @@ def run(spark: SparkSession, spec: dict[str, Any]) -> dict[str, Any]:
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     spark.conf.set("spark.sql.ansi.enabled", "true")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    # Proleptic Gregorian, like every other writer of staged files (no rebase, no refusal pre-1582).
+    spark.conf.set("spark.sql.parquet.datetimeRebaseModeInWrite", "CORRECTED")
     spark.conf.set("spark.sql.parquet.compression.codec", "snappy")
     written = {}
     for table in spec["tables"]:

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import (
     BinaryType,
@@ -76,18 +76,25 @@ def key_columns(spec: TableManifest, columns: Sequence[str]) -> list[str]:
     return list(spec.key_columns)
 
 
+def parquet_reader(spark: SparkSession) -> DataFrameReader:
+    """A Parquet reader of staged files, which are proleptic Gregorian (pyarrow, Spark 3 writers)."""
+    return spark.read.option("datetimeRebaseMode", "CORRECTED").option("int96RebaseMode", "CORRECTED")
+
+
 def read_staged(spark: SparkSession, table: str, paths: Sequence[str]) -> DataFrame:
     """Staged files as one frame; files of several relation versions merge to the union of columns.
 
     A column widened between versions (int to bigint, float4 to float8, a larger numeric
     precision: Spark's schema merge refuses these) is read at its widest type; any other type
     change within one batch is a :class:`SchemaConflictError`.
+    Staged dates and timestamps are proleptic Gregorian (pyarrow, and Spark 3 writers): read as
+    they are (``CORRECTED``), not refused, as Spark does by default for dates before 1582-10-15.
     """
     try:
-        return spark.read.option("mergeSchema", "true").parquet(*paths)
+        return parquet_reader(spark).option("mergeSchema", "true").parquet(*paths)
     except (PySparkException, Py4JJavaError):  # CANNOT_MERGE_SCHEMAS arrives unconverted
         pass
-    frames = [spark.read.parquet(path) for path in paths]
+    frames = [parquet_reader(spark).parquet(path) for path in paths]
     widest: dict[str, tuple[DataType, str]] = {}
     for path, frame in zip(paths, frames, strict=True):
         fields = [f for f in frame.schema.fields if f.name != OLD]
@@ -124,7 +131,7 @@ def files_reaching(spark: SparkSession, paths: Sequence[str], base: int) -> list
     """The staged files holding a change at or above ``base`` (only the commit LSN column is read)."""
     live = []
     for path in paths:
-        row = spark.read.parquet(path).agg(sf.max(COMMIT_LSN)).first()
+        row = parquet_reader(spark).parquet(path).agg(sf.max(COMMIT_LSN)).first()
         if row is not None and row[0] is not None and row[0] >= base:
             live.append(path)
     return live

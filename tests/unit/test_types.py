@@ -15,6 +15,7 @@ from airflow_provider_pglogical.types import (
     UnsupportedBinaryTypeError,
     arrow_type,
     binary_to_arrow,
+    binary_to_arrow_with_overflow,
     pg_type_name,
     text_to_arrow,
     text_to_arrow_with_overflow,
@@ -67,7 +68,7 @@ def test_scalars(view: bool) -> None:
     )
     assert convert(["2024-01-02 03:04:05"], 1114, view=view) == [dt.datetime(2024, 1, 2, 3, 4, 5)]
     assert convert(["2024-01-02"], 1082, view=view) == [dt.date(2024, 1, 2)]
-    assert convert(["13:14:15.5"], 1083, view=view) == [dt.time(13, 14, 15, 500000)]
+    assert convert(["13:14:15.5", "24:00:00"], 1083, view=view) == ["13:14:15.5", "24:00:00"]
     assert convert(["1 day 02:00:00"], 1186, view=view) == ["1 day 02:00:00"]
     assert convert(['{"a": null}', "null", None], 3802, view=view) == ['{"a": null}', "null", None]
 
@@ -99,8 +100,14 @@ def test_arrays() -> None:
         (1184, "infinity"),
         (1082, "0044-03-15 BC"),
         (1700, "NaN"),
-        (1083, "24:00:00"),
+        (1082, "10000-01-01"),
+        (1114, "0044-03-15 00:00:00 BC"),
+        (1184, "10000-01-01 00:00:00+00"),
+        (1700, "Infinity"),
+        (1700, "-Infinity"),
         (1007, "{{1,2},{3,4}}"),
+        (1007, "[0:1]={1,2}"),
+        (1182, "{2024-01-01,infinity}"),
     ],
 )
 def test_unrepresentable_values_are_reported_not_lost(oid: int, text: str) -> None:
@@ -162,7 +169,61 @@ def test_binary_infinity_and_unsupported_types_are_reported() -> None:
     infinity = pa.array([struct.pack("!q", 2**63 - 1)], pa.binary())
     with pytest.raises(UnrepresentableValueError):
         binary_to_arrow(infinity, 1184, -1)
+    typed, overflow = binary_to_arrow_with_overflow(infinity, 1184, -1)
+    assert typed.to_pylist() == [None] and overflow is not None and overflow.to_pylist() == ["infinity"]
     with pytest.raises(UnsupportedBinaryTypeError):
         binary_to_arrow(pa.array([b"\x00"], pa.binary()), 1186, -1)
     with pytest.raises(UnsupportedBinaryTypeError):
         binary_to_arrow(pa.array([b"\x00\x01"], pa.binary()), 23, -1)  # wrong width
+
+
+# (send-format integer, PostgreSQL's text) pairs: the text as psql prints it with DateStyle=ISO and
+# TimeZone=UTC (checked on PostgreSQL 15 against the server in tests/integration/test_value_overflow.py).
+_BINARY_DATES = [
+    (2**31 - 1, "infinity"),
+    (-(2**31), "-infinity"),
+    (-749_770, "0054-03-15 BC"),
+    (2_930_352, "10023-01-12"),
+    (-730_485, "0001-01-01 BC"),
+    (-2_451_507, "4713-01-01 BC"),
+]
+
+
+@pytest.mark.parametrize(("days", "text"), _BINARY_DATES)
+def test_binary_dates_beyond_date32_overflow_to_their_text(days: int, text: str) -> None:
+    values = pa.array([struct.pack("!i", 0), struct.pack("!i", days)], pa.binary())
+    typed, overflow = binary_to_arrow_with_overflow(values, 1082, -1)
+    assert typed.to_pylist() == [dt.date(2000, 1, 1), None]
+    assert overflow is not None and overflow.to_pylist() == [None, text]
+
+
+@pytest.mark.parametrize(
+    ("micros", "text"),
+    [
+        (0, "00:00:00"),
+        (45_296_500_000, "12:34:56.5"),
+        (45_296_000_001, "12:34:56.000001"),
+        (86_400_000_000, "24:00:00"),
+    ],
+)
+def test_binary_time_prints_like_postgresql(micros: int, text: str) -> None:
+    typed, overflow = binary_to_arrow_with_overflow(pa.array([struct.pack("!q", micros), None]), 1083, -1)
+    assert typed.to_pylist() == [text, None] and overflow is None
+    assert convert([text], 1083) == [text]
+
+
+def test_binary_timestamps_beyond_range_overflow_to_their_text() -> None:
+    bc, future = -63_113_986_677_000_000, 252_455_616_000_000_000  # from the server, as the dates
+    values = pa.array([struct.pack("!q", v) for v in (bc, future, -(2**63))], pa.binary())
+    _, plain = binary_to_arrow_with_overflow(values, 1114, -1)
+    _, zoned = binary_to_arrow_with_overflow(values, 1184, -1)
+    assert plain is not None and zoned is not None
+    assert plain.to_pylist() == ["0002-12-31 01:02:03 BC", "10000-01-01 00:00:00", "-infinity"]
+    assert zoned.to_pylist() == ["0002-12-31 01:02:03+00 BC", "10000-01-01 00:00:00+00", "-infinity"]
+
+
+def test_binary_numeric_nan_overflows_a_decimal_column() -> None:
+    nan = struct.pack("!hhHh", 0, 0, 0xC000, 0)
+    typed, overflow = binary_to_arrow_with_overflow(pa.array([nan, None]), 1700, _numeric_typmod(10, 2))
+    assert typed.to_pylist() == [None, None]
+    assert overflow is not None and overflow.to_pylist() == ["NaN", None]

@@ -19,7 +19,7 @@ def staged_table(manifest_path: str, entry: TableManifest) -> pa.Table:
     batch_dir = posixpath.dirname(manifest_path)
     tables = [pq.read_table(posixpath.join(batch_dir, name)) for name in entry.files]
     assert tables, f"{entry.qualified} has no staged file"
-    return pa.concat_tables(tables)
+    return pa.concat_tables(tables, promote_options="default")  # files may differ in overflow siblings
 
 
 def source_rows(pg: PostgresCluster, dbname: str, entry: TableManifest, query: str) -> pa.Table:
