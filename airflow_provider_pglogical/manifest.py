@@ -54,6 +54,20 @@ def parse_table_dir_name(name: str) -> tuple[str, str]:
     return _decode_part(schema), _decode_part(table)
 
 
+SIBLING_SUFFIX = "__pgl_text"
+"""Reserved ending of overflow sibling columns (docs/TYPES.md): defined here, where the job reads it too."""
+
+
+def sibling_name(column: str) -> str:
+    """The sibling column of ``column``: its exact text where the typed value is NULL by overflow."""
+    return column + SIBLING_SUFFIX
+
+
+def is_sibling(name: str) -> bool:
+    """Whether a staged column is an overflow sibling rather than a source column."""
+    return name.endswith(SIBLING_SUFFIX)
+
+
 def snapshot_batch_id(consistent_point: Lsn) -> str:
     """``snapshot-<LSN as 16 hex digits>``: sorts by LSN as text."""
     return f"snapshot-{int(consistent_point):016X}"

@@ -21,9 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lake_catalog import Cut, read_table
+from airflow_provider_pglogical.manifest import is_sibling, sibling_name
 from airflow_provider_pglogical.replication import connect, drop_slot
 from airflow_provider_pglogical.replication.connection import ConnParams
 from airflow_provider_pglogical.snapshot import take_snapshot
@@ -62,11 +62,11 @@ def _hashable(value: Any) -> Hashable:
 def with_siblings(source: pa.Table, lake: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Both sides with every overflow sibling either has (docs/TYPES.md): a sibling absent on one
     side is all NULL there, so a stale lake sibling, or a missing one, is a difference."""
-    names = [n for n in source.column_names if not overflow.is_sibling(n)]
+    names = [n for n in source.column_names if not is_sibling(n)]
     wanted = [
-        overflow.sibling_name(n)
+        sibling_name(n)
         for n in names
-        if overflow.sibling_name(n) in source.column_names or overflow.sibling_name(n) in lake.column_names
+        if sibling_name(n) in source.column_names or sibling_name(n) in lake.column_names
     ]
 
     def complete(table: pa.Table) -> pa.Table:
