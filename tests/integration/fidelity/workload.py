@@ -237,8 +237,17 @@ class Workload:
         t.rows.clear()
         return sql.SQL("TRUNCATE {}").format(t.ident)
 
-    def _alter(self, t: Table) -> Statement | None:
-        """A schema change from the safe list: ADD (with a constant default or none), DROP, int4 -> int8."""
+    def _alter(self, t: Table) -> Statement:
+        """A schema change from the safe list, then an insert into the table.
+
+        pgoutput announces a table's new columns only with its next change (README, Known limits):
+        the insert makes the change reach the stream in the same transaction.
+        """
+        change = self._schema_change(t)
+        return sql.SQL("{}; {}").format(change, self._insert(t))
+
+    def _schema_change(self, t: Table) -> Statement:
+        """ADD (with a constant default or none), DROP, or int4 -> int8."""
         rng = self.rng
         taken = {c.name for c in t.columns}
         free = [n for n in COLUMNS + [f"added {i}" for i in range(9)] if n not in taken]
