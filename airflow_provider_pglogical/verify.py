@@ -49,9 +49,12 @@ class TableComparison:
 
 
 def _hashable(value: Any) -> Hashable:
-    """A value as a dict key: lists and maps become tuples, NaN equals NaN (PostgreSQL agrees)."""
+    """A value as a dict key: lists and maps become tuples, NaN equals NaN (PostgreSQL agrees), and
+    ``-0.0`` differs from ``0.0`` (Python's ``==`` equates them; the row's text does not)."""
     if isinstance(value, float) and math.isnan(value):
         return ("NaN",)
+    if isinstance(value, float) and value == 0.0:
+        return ("zero", math.copysign(1.0, value))
     if isinstance(value, list):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):
