@@ -62,6 +62,7 @@ class Table:
     shape: str
     columns: list[Column]
     rows: Counter[int] = field(default_factory=Counter)  # key number or tag -> copies
+    dropped: dict[str, PgType] = field(default_factory=dict)  # a name re-added keeps its old type
 
     @property
     def ident(self) -> sql.Identifier:
@@ -263,8 +264,13 @@ class Workload:
         if kind == "drop" and len(droppable) > 1:
             column = rng.choice(droppable)
             t.columns.remove(column)
+            t.dropped[column.name] = column.type
             return sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(t.ident, sql.Identifier(column.name))
-        added = Column(free[0], rng.choice([BY_LABEL[x] for x in ("int4", "text", "numeric(12,3)", "bool")]))
+        # A name dropped earlier comes back with its old type: another one is a re-snapshot (Known limits).
+        pgtype = t.dropped.get(free[0]) or rng.choice(
+            [BY_LABEL[x] for x in ("int4", "text", "numeric(12,3)", "bool")]
+        )
+        added = Column(free[0], pgtype)
         t.columns.append(added)
         statement = sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
             t.ident, sql.Identifier(added.name), added.type.sql
