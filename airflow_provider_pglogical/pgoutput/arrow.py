@@ -169,6 +169,24 @@ def shape_key(relation: Relation) -> tuple[object, ...]:
     )
 
 
+class VersionKeys:
+    """Group keys of relation versions, asked for in commit order: a table's shape and its run.
+
+    The run counts how often the table's shape changed before, so a shape that comes back (ADD,
+    DROP, then ADD again of the last column) is a version of its own: merged with the first, a
+    batch's version chain would lose the steps between them (and a re-added column's missing value).
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[tuple[object, ...], int]] = {}
+
+    def key(self, relation: Relation) -> tuple[object, ...]:
+        shape, seen = shape_key(relation), self._last.get(relation.relation_id)
+        run = 0 if seen is None else seen[1] + (seen[0] != shape)
+        self._last[relation.relation_id] = (shape, run)
+        return (shape, run)
+
+
 def column_fields(relation: Relation) -> list[pa.Field]:
     """The published columns as Arrow fields, with the PostgreSQL type kept in field metadata."""
     return [
@@ -401,10 +419,11 @@ def transactions_to_tables(
 ) -> list[TableChanges]:
     """Reference route: typed change tables of committed transactions, in commit order."""
     groups: dict[tuple[object, ...], _RowsOf] = {}
+    keys = VersionKeys()
     for txn in transactions:
         for seq, change in enumerate(txn.changes):
             _check_text_values(change)
-            key = shape_key(change.relation)
+            key = keys.key(change.relation)
             rows = groups.get(key)
             if rows is None:
                 rows = groups[key] = _RowsOf(table_relation(change.relation))

@@ -33,10 +33,10 @@ from airflow_provider_pglogical.pgoutput.arrow import (
     DecodedBatch,
     Int64Array,
     TableChanges,
+    VersionKeys,
     _Columns,
     build_batches,
     check_stageable,
-    shape_key,
     table_relation,
 )
 from airflow_provider_pglogical.pgoutput.decoder import PgOutputDecoder
@@ -707,25 +707,32 @@ class _Batch:
         """Group the rows by relation version and build each version's table."""
         relation_ids = self.be32(self.starts[rows.msg] + 1 + rows.prefix) if len(rows.msg) else rows.msg
         combined = (rows.gen << 32) | relation_ids
-        unique, inverse = np.unique(combined, return_inverse=True)
-        versions: dict[tuple[object, ...], int] = {}
-        relations: list[Relation] = []
-        group_of_unique = np.zeros(len(unique), dtype=np.int64)
+        unique, first_row, inverse = np.unique(combined, return_index=True, return_inverse=True)
+        # (txn ordinal, seq, relation, truncate index or -1 - unique position), keyed in commit order
+        events: list[tuple[int, int, Relation, int]] = []
         for position, key in enumerate(unique.tolist()):
             gen, relation_id = key >> 32, key & 0xFFFFFFFF
             relation = self.generations[gen].get(relation_id)
             if relation is None:
                 culprit = int(np.flatnonzero(inverse == position)[0])
                 self.fail_message(int(rows.msg[culprit]), gen, int(rows.prefix[culprit]))
-            group_of_unique[position] = versions.setdefault(shape_key(relation), len(versions))
-            if group_of_unique[position] == len(relations):
-                relations.append(relation)
+            row = int(first_row[position])
+            events.append((int(rows.txn[row]), int(rows.seq[row]), relation, -1 - position))
+        events += [(o, s, r, index) for index, (o, s, r, _) in enumerate(rows.truncates)]
+        events.sort(key=lambda event: event[:2])
+        version_keys = VersionKeys()
+        versions: dict[tuple[object, ...], int] = {}
+        relations: list[Relation] = []
+        group_of_unique = np.zeros(len(unique), dtype=np.int64)
         truncate_groups: dict[int, list[tuple[int, int, int]]] = {}
-        for ordinal, seq, relation, options in rows.truncates:
-            group = versions.setdefault(shape_key(relation), len(versions))
+        for ordinal, seq, relation, index in events:
+            group = versions.setdefault(version_keys.key(relation), len(versions))
             if group == len(relations):
                 relations.append(relation)
-            truncate_groups.setdefault(group, []).append((ordinal, seq, options))
+            if index < 0:
+                group_of_unique[-1 - index] = group
+            else:
+                truncate_groups.setdefault(group, []).append((ordinal, seq, rows.truncates[index][3]))
         group_of_row = group_of_unique[inverse.reshape(-1)] if len(rows.msg) else rows.msg
         order = np.argsort(group_of_row, kind="stable")
         bounds = np.searchsorted(group_of_row[order], np.arange(len(relations) + 1))

@@ -278,11 +278,12 @@ class ApplyJob:
             steps.fill_lake(self.tables, target, lake_columns)  # published with the MERGE below
         schema = self.tables.schema(identifier)
         if multiset.counts_rows(spec):  # no key: a count per distinct row (spark/multiset.py)
-            effect = multiset.net_counts(changes, columns, spec.qualified)
-            first = columns[0].name
+            live = multiset.live_columns(columns, spec)
+            effect = multiset.net_counts(changes, live, spec.qualified)
+            first = live[0].name
             bounds = key_bounds(multiset.removals(effect, [first]), first, schema[first].dataType)
             existing = self.spark.table(target)
-            sql = multiset.merge_statement(effect, existing, target, schema, columns, spec.qualified, bounds)
+            sql = multiset.merge_statement(effect, existing, target, schema, live, spec.qualified, bounds)
         else:
             keys = key_columns(spec, [c.name for c in columns])
             net = net_effect(changes, columns, keys, self.spark.table(target))

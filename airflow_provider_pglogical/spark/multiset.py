@@ -25,7 +25,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType, DataType, DoubleType, FloatType, MapType, StructField, StructType
 
-from airflow_provider_pglogical.manifest import TableManifest
+from airflow_provider_pglogical.manifest import SIBLING_SUFFIX, TableManifest
 from airflow_provider_pglogical.spark.changes import (
     OLD,
     OP,
@@ -64,6 +64,21 @@ def counts_rows(spec: TableManifest) -> bool:
     multiset simply never holds a duplicate.
     """
     return spec.replica_identity in ("f", "n") or not spec.key_columns
+
+
+def live_columns(columns: Sequence[StructField], spec: TableManifest) -> list[StructField]:
+    """The batch's columns a multiset compares rows by: those its newest relation version still has.
+
+    After a DROP COLUMN the changes' old tuples (and the source) lack the column while the lake's
+    rows and the batch's earlier changes hold values in it, so a row removed after the DROP would
+    never be found equal to its copy. Left out, the column is written as null in the rows this
+    batch writes, as one dropped in an earlier batch is (the lake keeps it, no longer written).
+    """
+    if not spec.versions:  # a manifest from before relation versions were recorded
+        return list(columns)
+    live = {c.name for c in spec.versions[-1].columns}
+    kept = [c for c in columns if c.name.removesuffix(SIBLING_SUFFIX) in live]
+    return kept or list(columns)
 
 
 def _has_float(dtype: DataType) -> bool:
