@@ -142,14 +142,15 @@ CATALOGUE: tuple[BadInput, ...] = (
         "incompatible-schema",
         "a column's type changed in a way Iceberg cannot promote (int to text)",
         "apply job",
-        "SchemaConflictError",
+        "ResnapshotNeededError",
         (
-            "column 'qty' changed type",
-            "re-snapshot the table",
-            "pglogical_backfill_tables",
-            "Nothing of this batch",
+            "column 'qty' changed",
+            "which is not a widening",
+            "nothing of this batch was applied",
+            "airflow dags trigger pglogical_backfill_tables",
         ),
-        "Re-snapshot the table (`pglogical_backfill_tables`), or revert the type change.",
+        "Re-snapshot the table with the `pglogical_backfill_tables` command the message prints, "
+        "then re-run the apply.",
         spark=True,
     ),
     BadInput(
