@@ -25,6 +25,9 @@ ReplicaIdentity = Literal["d", "f", "i", "n"]
 
 # Characters that would make a table directory name ambiguous ("." separates schema and table).
 _ENCODED = {"%": "%25", "/": "%2F", ".": "%2E"}
+# Ending of an overflow sibling (overflow.py, docs/TYPES.md): a staged column holding the exact text of
+# values its typed column cannot hold. Never a source column: source names may not end with it.
+SIBLING_SUFFIX = "__pgl_text"
 
 
 class ManifestFormatError(PgLogicalError, ValueError):
@@ -138,6 +141,11 @@ class TableManifest:
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.table}"
+
+    @property
+    def source_columns(self) -> tuple[ColumnManifest, ...]:
+        """The staged columns that are the source table's: all but the overflow siblings."""
+        return tuple(c for c in self.columns if not c.name.endswith(SIBLING_SUFFIX))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -21,14 +21,14 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.manifest import ColumnManifest
+from airflow_provider_pglogical.manifest import SIBLING_SUFFIX, ColumnManifest
 from airflow_provider_pglogical.types import (
     binary_to_arrow_with_overflow,
     can_overflow,
     text_to_arrow_with_overflow,
 )
 
-SUFFIX = "__pgl_text"
+SUFFIX = SIBLING_SUFFIX
 """Reserved ending of sibling column names."""
 _TEXT_OID = 25
 

@@ -174,8 +174,8 @@ class ApplyJob:
         if rows is None:
             rows = self.spark.createDataFrame([], declared_schema(spec))
         replayed, applied_end = 0, point
-        source_columns: str | None = encode_columns(
-            [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns]
+        source_columns: str | None = encode_columns(  # siblings are no source column
+            [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.source_columns]
         )
         if previous is not None and previous.applied_end_lsn > point:
             rows, replayed = self._catch_up(spec, rows, previous.applied_end_lsn)
