@@ -36,7 +36,7 @@ from airflow_provider_pglogical.errors import SlotActiveError
 from airflow_provider_pglogical.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.lake_catalog import open_catalog, unapplied_tables
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import Manifest, table_dir_name
+from airflow_provider_pglogical.manifest import Manifest
 from airflow_provider_pglogical.replication import advance_slot, connect, describe_slot
 from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
@@ -330,11 +330,11 @@ class SoakPipeline:
         there, only the staged changes at or above it must be logged (still once each).
         """
         staged: dict[tuple[str, str], Counter[tuple[int, int]]] = {t: Counter() for t in tables}
-        for batch_dir, _ in self.batches():
-            for schema, table in tables:
-                for part in (batch_dir / table_dir_name(schema, table)).glob("*.parquet"):
-                    keys = pq.read_table(part, columns=list(CHANGE_KEY)).to_pydict()
-                    staged[(schema, table)].update(zip(*keys.values(), strict=True))
+        for batch_dir, manifest in self.batches():
+            for entry in manifest.tables:
+                for part in entry.files:  # the manifest's change files (not its missing-values file)
+                    keys = pq.read_table(batch_dir / part, columns=list(CHANGE_KEY)).to_pydict()
+                    staged[(entry.schema, entry.table)].update(zip(*keys.values(), strict=True))
         catalog = open_catalog(self.lake)
         problems = []
         for schema, table in tables:
