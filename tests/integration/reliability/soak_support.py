@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from airflow_provider_pglogical.manifest import Manifest
 from airflow_provider_pglogical.replication import advance_slot, connect, describe_slot
 from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
+from airflow_provider_pglogical.spark.iceberg import ResnapshotNeededError
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.staging import read_manifest
 
@@ -57,6 +59,16 @@ drain_batch(args["dsn"], settings)
 """
 
 
+def backfill_table(message: str) -> str:
+    """The table a ``ResnapshotNeededError`` names, read from the backfill command it prints."""
+    match = re.search(r"--conf '(\{.*?\})'", message)
+    if match is None:
+        raise AssertionError(f"the re-snapshot error names no backfill command: {message}")
+    tables = json.loads(match.group(1))["tables"]
+    assert len(tables) == 1, message
+    return str(tables[0])
+
+
 class Writer(threading.Thread):
     """Commits a round's transactions, in order, on one connection, while the pipeline runs."""
 
@@ -67,6 +79,7 @@ class Writer(threading.Thread):
         self.script = script
         self.pauses = [rng.uniform(0.0, 0.6) for _ in transactions]
         self.error: BaseException | None = None
+        self.halfway = threading.Event()  # half the transactions are committed (or the writer failed)
 
     def run(self) -> None:
         try:
@@ -74,7 +87,11 @@ class Writer(threading.Thread):
             conn.autocommit = True  # BEGIN / COMMIT / ROLLBACK are statements of the workload
             try:
                 with conn.cursor() as cur, self.script.open("a") as log:
-                    for transaction, pause in zip(self.transactions, self.pauses, strict=True):
+                    for done, (transaction, pause) in enumerate(
+                        zip(self.transactions, self.pauses, strict=True)
+                    ):
+                        if 2 * done >= len(self.transactions):
+                            self.halfway.set()
                         time.sleep(pause)
                         for statement in transaction:
                             text = statement.as_string(conn)
@@ -84,6 +101,8 @@ class Writer(threading.Thread):
                 conn.close()
         except BaseException as exc:  # re-raised by finish() in the test's thread
             self.error = exc
+        finally:
+            self.halfway.set()
 
     def finish(self) -> None:
         self.join(timeout=300)
@@ -107,6 +126,7 @@ class SoakPipeline:
     crashes: list[str] = field(default_factory=list)
     positions: list[Lsn] = field(default_factory=list)  # confirmed_flush_lsn after every step
     resnapshots: dict[str, Lsn] = field(default_factory=dict)  # table -> latest consistent point
+    backfills: list[str] = field(default_factory=list)  # tables the apply asked to re-snapshot
     changes: int = 0
 
     def __post_init__(self) -> None:
@@ -139,8 +159,26 @@ class SoakPipeline:
         return result.manifest, result.manifest_uri
 
     def apply(self, manifest: Manifest, uri: str) -> None:
-        if manifest.tables:  # the apply operator skips an empty batch
-            apply_manifest(self.spark, uri, self.lake)
+        """The apply task; when it stops for a re-snapshot, the user's fix: the backfill, then a re-run."""
+        if not manifest.tables:  # the apply operator skips an empty batch
+            return
+        for _ in range(len(manifest.tables) + 1):
+            try:
+                apply_manifest(self.spark, uri, self.lake)
+                return
+            except ResnapshotNeededError as exc:  # e.g. DROP and ADD COLUMN with no change between
+                table = backfill_table(str(exc))
+                self.backfills.append(table)
+                self.resnapshot(table)
+        raise AssertionError(f"batch {manifest.batch_id} still needs re-snapshots after {self.backfills}")
+
+    def resnapshot(self, table: str) -> None:
+        """The backfill DAG: a snapshot of one table from a temporary slot, loaded."""
+        path, snap = take_snapshot(
+            self.dsn, SLOT, [self.publication], str(self.staging), tables=[table], slot_mode="temporary"
+        )
+        apply_manifest(self.spark, path, self.lake)
+        self.resnapshots[table] = max(snap.end_lsn, self.resnapshots.get(table, snap.end_lsn))
 
     def ack(self, manifest: Manifest) -> None:
         """``PgLogicalAckOperator``: advance only once every table of the batch holds it."""
@@ -178,7 +216,7 @@ class SoakPipeline:
         """SIGKILL the drain after its first staged part file, or after a random delay."""
         args = {"dsn": self.dsn, "slot": SLOT, "publication": self.publication, "staging": str(self.staging)}
         wait_for_part = self.rng.random() < 0.5
-        delay = self.rng.uniform(0.2, 3.0)
+        delay = self.rng.uniform(0.05, 1.0)
         started = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-c", DRAIN_SCRIPT, json.dumps(args)], start_new_session=True
@@ -267,16 +305,7 @@ class SoakPipeline:
 
         def resnapshot() -> None:
             try:
-                path, snap = take_snapshot(
-                    self.dsn,
-                    SLOT,
-                    [self.publication],
-                    str(self.staging),
-                    tables=[table],
-                    slot_mode="temporary",
-                )
-                apply_manifest(self.spark, path, self.lake)
-                self.resnapshots[table] = snap.end_lsn
+                self.resnapshot(table)
             except BaseException as exc:  # re-raised below
                 errors.append(exc)
 

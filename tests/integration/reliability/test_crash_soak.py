@@ -141,6 +141,7 @@ def test_crash_soak_seed(
             stage = f"round {number} ({kind})"
             writer.start()
             if number:
+                writer.halfway.wait(timeout=120)  # a batch to crash on; the other half races the crash
                 pipeline.crash(kind)
                 pipeline.round()  # the user's recovery: the DAG run again, with writers still going
             else:
@@ -163,7 +164,8 @@ def test_crash_soak_seed(
     soak_summary.append(SeedResult(seed, len(pipeline.crashes), compared, len(problems)))
     line = (
         f"\nsoak seed {seed}: {len(workload.tables)} tables, {pipeline.changes} changes, "
-        f"{len(pipeline.crashes)} crashes [{'; '.join(pipeline.crashes)}], {compared} rows compared, "
+        f"{len(pipeline.crashes)} crashes [{'; '.join(pipeline.crashes)}], "
+        f"{len(pipeline.backfills)} backfills {pipeline.backfills}, {compared} rows compared, "
         f"{len(problems)} differences, {seconds:.1f} s"
     )
     show(request, line)
