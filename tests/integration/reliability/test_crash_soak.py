@@ -133,6 +133,7 @@ def test_crash_soak_seed(
     script = workdir / "workload.sql"
     pipeline = SoakPipeline(spark, dsn, workload.publication, workdir, rng)
     compared, problems, stage, failure = 0, [], "setup", None
+    writer: Writer | None = None
     try:
         Writer(dsn, [workload.setup, *workload.initial], script, Random(0)).run()
         for number, transactions in enumerate(workload.rounds):
@@ -160,6 +161,8 @@ def test_crash_soak_seed(
     except Exception as exc:  # reported below with the seed and how to replay it
         problems.append(f"at {stage}: {type(exc).__name__}: {exc}")
         failure = exc
+        if writer is not None:
+            writer.join(timeout=300)  # its database is dropped next
     seconds = time.monotonic() - started
     soak_summary.append(SeedResult(seed, len(pipeline.crashes), compared, len(problems)))
     line = (
@@ -170,7 +173,10 @@ def test_crash_soak_seed(
     )
     show(request, line)
     if problems:
-        replay = f"{SEEDS_ENV}={seed}-{seed} {ROUNDS_ENV}={rounds} python -m pytest {__file__} -q"
+        replay = (
+            f"make soak SEEDS={seed}-{seed} ROUNDS={rounds}\n    or: {SEEDS_ENV}={seed}-{seed} "
+            f"{ROUNDS_ENV}={rounds} python -m pytest tests/integration/reliability/test_crash_soak.py -q"
+        )
         raise AssertionError(
             f"soak seed {seed} failed at {stage}; work directory kept: {workdir}\n"
             f"replay it alone with:\n    {replay}\ntables:\n{workload.describe()}\n"
