@@ -46,7 +46,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SEEDS_ENV = "PGLOGICAL_SOAK_SEEDS"
 ROUNDS_ENV = "PGLOGICAL_SOAK_ROUNDS"
-DEFAULT_SEEDS = [3, 8]  # short, and together: drain kill, ack lost, apply twice, re-snapshot race
+DEFAULT_SEEDS = [14, 7]  # ~1.5 min: re-snapshot race, apply twice, a backfill, ack lost, apply killed
 DEFAULT_ROUNDS = 2
 
 
