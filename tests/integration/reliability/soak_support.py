@@ -223,7 +223,11 @@ class SoakPipeline:
         )
         parts: list[Path] = []
         while proc.poll() is None:
-            parts = list((self.staging / SLOT).glob("batch-*/*/*.parquet"))
+            parts = [  # of the batch being written: earlier batches are complete (with a manifest)
+                p
+                for p in (self.staging / SLOT).glob("batch-*/*/part-*.parquet")
+                if not (p.parent.parent / "_manifest.json").exists()
+            ]
             if (parts if wait_for_part else time.monotonic() - started >= delay) or (
                 time.monotonic() - started > 120
             ):
