@@ -25,9 +25,6 @@ ReplicaIdentity = Literal["d", "f", "i", "n"]
 
 # Characters that would make a table directory name ambiguous ("." separates schema and table).
 _ENCODED = {"%": "%25", "/": "%2F", ".": "%2E"}
-# Ending of an overflow sibling (overflow.py, docs/TYPES.md): a staged column holding the exact text of
-# values its typed column cannot hold. Never a source column: source names may not end with it.
-SIBLING_SUFFIX = "__pgl_text"
 
 
 class ManifestFormatError(PgLogicalError, ValueError):
@@ -55,6 +52,20 @@ def parse_table_dir_name(name: str) -> tuple[str, str]:
     if not sep or "." in table:
         raise ValueError(f"not a table directory name: {name!r}")
     return _decode_part(schema), _decode_part(table)
+
+
+SIBLING_SUFFIX = "__pgl_text"
+"""Reserved ending of overflow sibling columns (docs/TYPES.md): defined here, where the job reads it too."""
+
+
+def sibling_name(column: str) -> str:
+    """The sibling column of ``column``: its exact text where the typed value is NULL by overflow."""
+    return column + SIBLING_SUFFIX
+
+
+def is_sibling(name: str) -> bool:
+    """Whether a staged column is an overflow sibling rather than a source column."""
+    return name.endswith(SIBLING_SUFFIX)
 
 
 def snapshot_batch_id(consistent_point: Lsn) -> str:
@@ -141,11 +152,6 @@ class TableManifest:
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.table}"
-
-    @property
-    def source_columns(self) -> tuple[ColumnManifest, ...]:
-        """The staged columns that are the source table's: all but the overflow siblings."""
-        return tuple(c for c in self.columns if not c.name.endswith(SIBLING_SUFFIX))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -21,29 +21,19 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.manifest import SIBLING_SUFFIX, ColumnManifest
+from airflow_provider_pglogical.manifest import SIBLING_SUFFIX as SUFFIX
+from airflow_provider_pglogical.manifest import ColumnManifest, is_sibling, sibling_name
 from airflow_provider_pglogical.types import (
     binary_to_arrow_with_overflow,
     can_overflow,
     text_to_arrow_with_overflow,
 )
 
-SUFFIX = SIBLING_SUFFIX
-"""Reserved ending of sibling column names."""
 _TEXT_OID = 25
 
 
 class ReservedColumnNameError(PgLogicalError):
     """A source column name ends with the reserved overflow suffix."""
-
-
-def sibling_name(column: str) -> str:
-    """The sibling column of ``column``: its exact text where the typed value is NULL by overflow."""
-    return column + SUFFIX
-
-
-def is_sibling(name: str) -> bool:
-    return name.endswith(SUFFIX)
 
 
 def check_names(table: str, names: Iterable[str]) -> None:

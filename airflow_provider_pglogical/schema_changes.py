@@ -246,6 +246,9 @@ def plan(
     for step in steps:
         if step.problem is not None:
             return Plan(problem=step.problem, steps=steps)
+    retyped = _readded_with_another_type(chain)
+    if retyped is not None:
+        return Plan(problem=retyped, steps=steps)
     last_added: dict[str, int] = {}
     for index, step in enumerate(steps):
         for name in step.added:
@@ -258,6 +261,26 @@ def plan(
         fills.append(fill)
     widened = tuple(dict.fromkeys(name for step in steps for name in step.widened))
     return Plan(fills=tuple(fills), widened=widened, steps=steps)
+
+
+def _readded_with_another_type(chain: Sequence[Sequence[SourceColumn]]) -> str | None:
+    """A column dropped and added again under its name with a type the first one cannot widen to.
+
+    The lake keeps a dropped column (with its values), so the re-added one would have to change
+    that column's type in place, which Iceberg cannot do; a re-snapshot retypes it.
+    """
+    seen: dict[str, SourceColumn] = {}
+    for version in chain:
+        for now in version:
+            was = seen.get(now.name)
+            retyped = was is not None and (was.type_oid, was.typmod) != (now.type_oid, now.typmod)
+            if was is not None and retyped and not is_widening(was, now):
+                return (
+                    f"column {now.name!r} was dropped and added again as {_type_text(now)} "
+                    f"(it was {_type_text(was)}), and a lake column cannot change to that type"
+                )
+            seen[now.name] = now
+    return None
 
 
 def encode_columns(columns: Sequence[SourceColumn]) -> str:

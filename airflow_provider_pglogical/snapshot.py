@@ -63,6 +63,7 @@ from airflow_provider_pglogical.manifest import (
     Manifest,
     ManifestStats,
     TableManifest,
+    sibling_name,
     snapshot_batch_id,
     table_dir_name,
 )
@@ -460,7 +461,7 @@ def _spark_column(column: ColumnPlan) -> dict[str, Any]:
     return {
         "name": column.name,
         "arrow_type": str(column.arrow_type),
-        "sibling": overflow.sibling_name(column.name) if may_overflow else None,
+        "sibling": sibling_name(column.name) if may_overflow else None,
     }
 
 

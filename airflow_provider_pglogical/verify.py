@@ -21,9 +21,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lake_catalog import Cut, read_table
+from airflow_provider_pglogical.manifest import is_sibling, sibling_name
 from airflow_provider_pglogical.replication import connect, drop_slot
 from airflow_provider_pglogical.replication.connection import ConnParams
 from airflow_provider_pglogical.snapshot import take_snapshot
@@ -49,9 +49,12 @@ class TableComparison:
 
 
 def _hashable(value: Any) -> Hashable:
-    """A value as a dict key: lists and maps become tuples, NaN equals NaN (PostgreSQL agrees)."""
+    """A value as a dict key: lists and maps become tuples, NaN equals NaN (PostgreSQL agrees), and
+    ``-0.0`` differs from ``0.0`` (Python's ``==`` equates them; the row's text does not)."""
     if isinstance(value, float) and math.isnan(value):
         return ("NaN",)
+    if isinstance(value, float) and value == 0.0:
+        return ("zero", math.copysign(1.0, value))
     if isinstance(value, list):
         return tuple(_hashable(v) for v in value)
     if isinstance(value, dict):
@@ -62,11 +65,11 @@ def _hashable(value: Any) -> Hashable:
 def with_siblings(source: pa.Table, lake: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Both sides with every overflow sibling either has (docs/TYPES.md): a sibling absent on one
     side is all NULL there, so a stale lake sibling, or a missing one, is a difference."""
-    names = [n for n in source.column_names if not overflow.is_sibling(n)]
+    names = [n for n in source.column_names if not is_sibling(n)]
     wanted = [
-        overflow.sibling_name(n)
+        sibling_name(n)
         for n in names
-        if overflow.sibling_name(n) in source.column_names or overflow.sibling_name(n) in lake.column_names
+        if sibling_name(n) in source.column_names or sibling_name(n) in lake.column_names
     ]
 
     def complete(table: pa.Table) -> pa.Table:

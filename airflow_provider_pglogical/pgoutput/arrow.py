@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_pglogical import overflow
 from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.manifest import sibling_name
 from airflow_provider_pglogical.pgoutput.assembly import RowChange, Transaction
 from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
@@ -248,7 +249,7 @@ def build_batches(relation: Relation, raw: _Columns, max_rows: int) -> list[pa.R
     texts = [t for _, t in new]
     fields, new_siblings = overflow.add_siblings(names, [v for v, _ in new], texts, needed)
     schema = change_schema(relation, fields)
-    with_sibling = [n for n in names if overflow.sibling_name(n) in {f.name for f in fields}]
+    with_sibling = [n for n in names if sibling_name(n) in {f.name for f in fields}]
     old_struct_type = schema.field("_pgl_old").type
     if old:
         old_fields = [v for v, _ in old]

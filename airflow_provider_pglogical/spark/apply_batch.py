@@ -45,7 +45,7 @@ from pyspark.sql.types import (
 from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lsn import ZERO, Lsn
-from airflow_provider_pglogical.manifest import Manifest, TableManifest
+from airflow_provider_pglogical.manifest import Manifest, TableManifest, is_sibling
 from airflow_provider_pglogical.schema_changes import SourceColumn, encode_columns
 from airflow_provider_pglogical.spark import multiset
 from airflow_provider_pglogical.spark.changes import (
@@ -174,8 +174,8 @@ class ApplyJob:
         if rows is None:
             rows = self.spark.createDataFrame([], declared_schema(spec))
         replayed, applied_end = 0, point
-        source_columns: str | None = encode_columns(  # siblings are no source column
-            [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.source_columns]
+        source_columns: str | None = encode_columns(
+            [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns if not is_sibling(c.name)]
         )
         if previous is not None and previous.applied_end_lsn > point:
             rows, replayed = self._catch_up(spec, rows, previous.applied_end_lsn)

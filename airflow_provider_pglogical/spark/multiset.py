@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, DoubleType, FloatType, MapType, StructField, StructType
 
 from airflow_provider_pglogical.manifest import TableManifest
 from airflow_provider_pglogical.spark.changes import (
@@ -66,9 +66,50 @@ def counts_rows(spec: TableManifest) -> bool:
     return spec.replica_identity in ("f", "n") or not spec.key_columns
 
 
-def _equal(names: Sequence[str], left: str, right: str) -> Column:
-    """Null-safe equality of every column (NULL equals NULL, NaN equals NaN): rows as a multiset sees them."""
-    return sf.expr(" AND ".join(f"{left}.{quote(n)} <=> {right}.{quote(n)}" for n in names) or "TRUE")
+def _has_float(dtype: DataType) -> bool:
+    if isinstance(dtype, FloatType | DoubleType):
+        return True
+    if isinstance(dtype, ArrayType):
+        return _has_float(dtype.elementType)
+    if isinstance(dtype, MapType):
+        return _has_float(dtype.keyType) or _has_float(dtype.valueType)
+    if isinstance(dtype, StructType):
+        return any(_has_float(f.dataType) for f in dtype.fields)
+    return False
+
+
+def _exact(reference: str, dtype: DataType) -> str:
+    """A column as the multiset compares it: floats by their text, since Spark's equality, grouping
+    and joins take ``-0.0`` for ``0.0`` (PostgreSQL keeps them apart in a row's text)."""
+    return f"CAST({reference} AS STRING)" if _has_float(dtype) else reference
+
+
+def _equal(columns: Sequence[StructField], left: str, right: str) -> Column:
+    """Null-safe equality of every column (NULL equals NULL, NaN equals NaN, -0.0 is not 0.0)."""
+    return sf.expr(" AND ".join(_pairs(columns, left, right)) or "TRUE")
+
+
+def _pairs(columns: Sequence[StructField], left: str, right: str) -> list[str]:
+    """SQL ``<=>`` terms comparing each column of ``left`` and ``right`` exactly."""
+    terms = []
+    for c in columns:
+        name = quote(c.name)
+        terms.append(f"{_exact(f'{left}.{name}', c.dataType)} <=> {_exact(f'{right}.{name}', c.dataType)}")
+    return terms
+
+
+def _count_by_row(rows: DataFrame, columns: Sequence[StructField], measure: Column, alias: str) -> DataFrame:
+    """``measure`` aggregated per distinct row, the rows compared as :func:`_equal` does."""
+    keys = [f"_pgl_x_k{i}" for i in range(len(columns))]
+    keyed = rows.select(
+        "*",
+        *[sf.expr(_exact(quote(c.name), c.dataType)).alias(k) for c, k in zip(columns, keys, strict=True)],
+    )
+    return (
+        keyed.groupBy(*keys)
+        .agg(*[sf.first(column(c.name)).alias(c.name) for c in columns], measure.alias(alias))
+        .drop(*keys)
+    )
 
 
 def net_counts(changes: DataFrame, columns: Sequence[StructField], table: str) -> MultisetEffect:
@@ -86,7 +127,6 @@ def net_counts(changes: DataFrame, columns: Sequence[StructField], table: str) -
             "cannot be found in a table without a key; set REPLICA IDENTITY FULL (or add a primary "
             "key) on the source table and re-snapshot it"
         )
-    names = [c.name for c in columns]
     old_type = live.schema[OLD].dataType
     old_fields = set(old_type.fieldNames()) if isinstance(old_type, StructType) else set()
 
@@ -103,13 +143,8 @@ def net_counts(changes: DataFrame, columns: Sequence[StructField], table: str) -
     removed = live.where(sf.col(OP).isin("U", "D")).select(
         *[old(c).alias(c.name) for c in columns], sf.lit(-1).alias(DELTA)
     )
-    deltas = (
-        added.unionByName(removed)
-        .groupBy(*[column(n) for n in names])
-        .agg(sf.sum(DELTA).alias(DELTA))
-        .where(sf.col(DELTA) != 0)
-    )
-    return MultisetEffect(deltas.localCheckpoint(), truncate is not None)
+    deltas = _count_by_row(added.unionByName(removed), columns, sf.sum(DELTA), DELTA)
+    return MultisetEffect(deltas.where(sf.col(DELTA) != 0).localCheckpoint(), truncate is not None)
 
 
 def removals(effect: MultisetEffect, names: Sequence[str]) -> DataFrame:
@@ -118,23 +153,22 @@ def removals(effect: MultisetEffect, names: Sequence[str]) -> DataFrame:
     return rows.withColumn(ROW_KEY, sf.struct(*[column(n).alias(n) for n in names]))
 
 
-def _with_counts(decreased: DataFrame, existing: DataFrame, names: Sequence[str]) -> DataFrame:
+def _with_counts(decreased: DataFrame, existing: DataFrame, columns: Sequence[StructField]) -> DataFrame:
     """``decreased`` plus ``COUNT``: how many rows of ``existing`` equal each value.
 
     The values (few) are broadcast and the table scanned once; a left join of the small side
     afterwards keeps values the table does not hold (count 0, which the caller refuses).
     """
+    names = [c.name for c in columns]
     values = decreased.select(*[column(n) for n in names]).alias("v")
-    held = (
+    matched = (
         existing.select(*[column(n) for n in names])
         .alias("t")
-        .join(sf.broadcast(values), _equal(names, "t", "v"))
+        .join(sf.broadcast(values), _equal(columns, "t", "v"))
         .select(*[sf.col("v." + quote(n)).alias(n) for n in names])
-        .groupBy(*[column(n) for n in names])
-        .agg(sf.count(sf.lit(1)).alias(COUNT))
-        .withColumn(_MARK, sf.lit(True))
     )
-    joined = decreased.alias("d").join(held.alias("h"), _equal(names, "d", "h"), "left")
+    held = _count_by_row(matched, columns, sf.count(sf.lit(1)), COUNT).withColumn(_MARK, sf.lit(True))
+    joined = decreased.alias("d").join(held.alias("h"), _equal(columns, "d", "h"), "left")
     return joined.select(
         *[sf.col("d." + quote(n)).alias(n) for n in names],
         sf.col("d." + DELTA).alias(DELTA),
@@ -151,7 +185,7 @@ def _copies(rows: DataFrame, how_many: Column, names: Sequence[str], flag: str) 
 def merge_source(
     effect: MultisetEffect,
     existing: DataFrame,
-    names: Sequence[str],
+    columns: Sequence[StructField],
     table: str,
     bounds: tuple[str, str] | None = None,
 ) -> DataFrame:
@@ -164,6 +198,7 @@ def merge_source(
     Raises :class:`ApplyError` when a value would end below zero: the stream removes rows the
     table does not hold, so the table diverged from its source.
     """
+    names = [c.name for c in columns]
     added = effect.deltas.where(sf.col(DELTA) > 0)
     inserts = _copies(added, sf.col(DELTA), names, INSERT)
     decreased = effect.deltas.where(sf.col(DELTA) < 0)
@@ -174,7 +209,7 @@ def merge_source(
     scanned = existing
     if bounds is not None:
         scanned = existing.where(f"{quote(names[0])} BETWEEN {bounds[0]} AND {bounds[1]}")
-    counted = _with_counts(decreased, scanned, names).localCheckpoint()
+    counted = _with_counts(decreased, scanned, columns).localCheckpoint()
     if counted.where(sf.col(COUNT) + sf.col(DELTA) < 0).limit(1).count():
         _diverged(table)
     replaced = counted.select(*[column(n) for n in names], sf.lit(REPLACE).alias(FLAG))
@@ -196,16 +231,15 @@ def replay(rows: DataFrame, changes: DataFrame, columns: Sequence[StructField], 
     Logged columns the snapshot lacks (dropped before it, or added after it) are null in its
     rows, as the changes' old tuples hold them.
     """
-    names = [c.name for c in columns]
     held = set(rows.columns)
     rows = rows.select(
         "*", *[sf.lit(None).cast(c.dataType).alias(c.name) for c in columns if c.name not in held]
     )
     effect = net_counts(changes, columns, table)
-    source = merge_source(effect, rows, names, table)
+    source = merge_source(effect, rows, columns, table)
     kept = rows.limit(0) if effect.truncated else rows
     replaced = source.where(sf.col(FLAG) == REPLACE)
-    kept = kept.alias("k").join(replaced.alias("r"), _equal(names, "k", "r"), "left_anti")
+    kept = kept.alias("k").join(replaced.alias("r"), _equal(columns, "k", "r"), "left_anti")
     added = source.where(sf.col(FLAG) == INSERT).drop(FLAG)
     return kept.unionByName(added, allowMissingColumns=True)
 
@@ -232,13 +266,13 @@ def merge_statement(
     if not effect.truncated and not effect.deltas.limit(1).count():
         return None
     names = [c.name for c in columns]
-    source = merge_source(effect, existing, names, table, bounds).localCheckpoint()
+    source = merge_source(effect, existing, columns, table, bounds).localCheckpoint()
     view = temp_view(source)
     carried = set(names)
     values = ", ".join(f"s.{quote(f.name)}" if f.name in carried else "NULL" for f in schema.fields)
     if not effect.truncated and not source.where(sf.col(FLAG) == REPLACE).limit(1).count():
         return f"INSERT INTO {target} SELECT {values} FROM {view} s"
-    on = f"s.{FLAG} = '{REPLACE}' AND " + " AND ".join(f"t.{quote(n)} <=> s.{quote(n)}" for n in names)
+    on = f"s.{FLAG} = '{REPLACE}' AND " + " AND ".join(_pairs(columns, "t", "s"))
     if bounds is not None:
         on += f" AND t.{quote(names[0])} BETWEEN {bounds[0]} AND {bounds[1]}"
     listed = ", ".join(quote(f.name) for f in schema.fields)

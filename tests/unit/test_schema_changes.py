@@ -131,6 +131,14 @@ def test_only_the_last_add_of_a_name_uses_the_catalog() -> None:
     assert plan([ID, A], versions, FACTS).fills == (Fill("k", 2, missing=True),)
 
 
+def test_a_name_readded_with_a_type_it_cannot_widen_to_is_a_problem() -> None:
+    readded_as_text = [[ID, A, col("k")], [ID, A], [ID, A, col("k", TEXT)]]
+    result = plan([ID, A], readded_as_text, FACTS)
+    assert result.problem is not None and "dropped and added again" in result.problem
+    readded_wider = [[ID, A, col("k")], [ID, A], [ID, A, col("k", INT8)]]
+    assert plan([ID, A], readded_wider, FACTS).problem is None
+
+
 def test_unknown_previous_version_classifies_only_within_the_batch() -> None:
     assert plan(None, [[ID, A, col("k")]], FACTS).fills == ()
     assert plan(None, [[ID, A], [ID, col("x")]], FACTS).problem is not None

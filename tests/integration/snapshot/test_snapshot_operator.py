@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 import pytest
 from snapshot_helpers import load_manifest, sorted_rows, staged_table
 
+from airflow_provider_pglogical.manifest import is_sibling
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.overflow import is_sibling
 from airflow_provider_pglogical.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration

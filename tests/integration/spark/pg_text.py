@@ -14,7 +14,7 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lake_catalog import read_table
-from airflow_provider_pglogical.overflow import sibling_name
+from airflow_provider_pglogical.manifest import sibling_name
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lake_catalog import read_table
-from airflow_provider_pglogical.overflow import sibling_name
+from airflow_provider_pglogical.manifest import sibling_name
 from airflow_provider_pglogical.snapshot import SnapshotRun, jdbc_connection, take_snapshot
 from airflow_provider_pglogical.spark import snapshot_jdbc
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
