@@ -17,7 +17,7 @@ ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.j
 export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars lint test demo clean
+.PHONY: venv lake-jars lint test soak demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ lint: venv
 
 test: lint lake-jars
 	$(BIN)/python -m pytest
+
+# The crash soak over many seeds (no lint): `make soak SEEDS=100` runs seeds 1-100 (also A-B or A,B),
+# ROUNDS crash rounds each; one line per seed, a summary line, and a failing seed's replay command.
+SEEDS ?= 20
+ROUNDS ?= 3
+soak: lake-jars
+	PGLOGICAL_SOAK_SEEDS=$(SEEDS) PGLOGICAL_SOAK_ROUNDS=$(ROUNDS) $(BIN)/python -m pytest \
+		tests/integration/reliability/test_crash_soak.py -q
 
 demo: venv lake-jars
 	$(BIN)/python -m airflow_provider_pglogical.demo

@@ -353,10 +353,14 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
         existing = _prepare_staging(location, settings.slot, batch_id)
         if existing is not None:
             manifest = location.read_manifest(batch_dir)
-            log.info(
-                "reusing complete staged batch %s (%s..%s)", batch_id, manifest.start_lsn, manifest.end_lsn
-            )
-            return DrainResult(manifest, location.uri_of(existing), location.uri_of(batch_dir), reused=True)
+            if manifest.tables or manifest.end_lsn > manifest.start_lsn:
+                log.info("reusing complete staged batch %s (%s..%s)", batch_id, start, manifest.end_lsn)
+                uri = location.uri_of(existing)
+                return DrainResult(manifest, uri, location.uri_of(batch_dir), reused=True)
+            # Empty and ending where it starts (an idle source): nothing of it can be applied, and reused
+            # it would end every later drain at the same LSN, so the slot would never move again.
+            location.delete_dir(batch_dir)
+            _prepare_staging(location, settings.slot, batch_id)
         bound = _bound(conn, start, settings.max_bytes)
         log.info("draining slot %s from %s up to %s via %s", settings.slot, start, bound, settings.transport)
         started = time.monotonic()

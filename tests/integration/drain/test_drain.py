@@ -114,6 +114,30 @@ def test_retry_reuses_a_complete_batch_and_redoes_a_half_written_one(
     assert _staged(redone)["public.items"].num_rows == first_rows + 1
 
 
+def test_an_empty_batch_ending_where_it_started_is_redone_not_reused(
+    source: tuple[PostgresCluster, str], tmp_path: Path
+) -> None:
+    # Found by the crash soak (seed 17): reused, such a batch ended every later drain at its start.
+    cluster, db = source
+    settings = DrainSettings("cdc", ("pub",), str(tmp_path))
+    conn = connect(cluster.dsn(db))
+    try:
+        for _ in range(5):  # an idle source: no WAL between the ack and the next drain
+            acked = drain_batch(cluster.dsn(db), settings)
+            advance_slot(conn, "cdc", acked.manifest.end_lsn)
+            idle = drain_batch(cluster.dsn(db), settings)
+            if idle.manifest.end_lsn == idle.manifest.start_lsn:
+                break
+        assert idle.manifest.end_lsn == idle.manifest.start_lsn and not idle.manifest.tables
+        cluster.execute("INSERT INTO items (id, name) VALUES (4001, 'after an idle run')", db)
+        after = drain_batch(cluster.dsn(db), settings)
+        assert not after.reused and after.manifest.start_lsn == idle.manifest.start_lsn
+        assert after.manifest.end_lsn > after.manifest.start_lsn
+        assert _staged(after)["public.items"].column("id").to_pylist() == [4001]
+    finally:
+        conn.close()
+
+
 def test_message_limit_ends_on_a_commit_and_consecutive_batches_meet(
     source: tuple[PostgresCluster, str], tmp_path: Path
 ) -> None:

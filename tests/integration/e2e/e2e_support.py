@@ -21,25 +21,33 @@ def make_lake(root: Path) -> tuple[LakeConfig, str]:
     return lake, connection_json(lake)
 
 
+def spark_submit_command(
+    manifest_uri: str, lake: LakeConfig, scratch: str, tables: str = ""
+) -> tuple[list[str], dict[str, str]]:
+    """(arguments, environment) of the apply job as the operator submits it; py-files go to ``scratch``."""
+    spark_submit = str(Path(sys.executable).with_name("spark-submit"))
+    args = [
+        spark_submit,
+        "--master",
+        "local[2]",
+        "--py-files",
+        job_py_files(scratch),
+        "--jars",
+        local_jars(),
+    ]
+    for key, value in lake.spark_conf().items():
+        args += ["--conf", f"{key}={value}"]
+    args += [APPLY_JOB_PATH, "--manifest", manifest_uri, "--catalog", lake.catalog]
+    if tables:
+        args += ["--tables", tables]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return args, env
+
+
 def spark_apply(manifest_uri: str, lake: LakeConfig, tables: str = "") -> None:
     """The apply job exactly as the operator submits it, optionally for some tables only."""
-    spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     with tempfile.TemporaryDirectory() as scratch:
-        args = [
-            spark_submit,
-            "--master",
-            "local[2]",
-            "--py-files",
-            job_py_files(scratch),
-            "--jars",
-            local_jars(),
-        ]
-        for key, value in lake.spark_conf().items():
-            args += ["--conf", f"{key}={value}"]
-        args += [APPLY_JOB_PATH, "--manifest", manifest_uri, "--catalog", lake.catalog]
-        if tables:
-            args += ["--tables", tables]
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+        args, env = spark_submit_command(manifest_uri, lake, scratch, tables)
         result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
 

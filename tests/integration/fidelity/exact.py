@@ -24,6 +24,7 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.lake_catalog import read_table
+from airflow_provider_pglogical.verify import compare_tables, format_report
 
 TEXT_SUFFIX = "__pgl_text"
 SCRATCH = "pgl_fidelity_lake"
@@ -222,3 +223,19 @@ def compare_exact(dsn: str, lake: LakeConfig, schema: str, table: str) -> ExactR
     finally:
         conn.rollback()
         conn.close()
+
+
+def compare_all(
+    dsn: str, publication: str, lake: LakeConfig, tables: list[tuple[str, str]]
+) -> tuple[int, list[str]]:
+    """(rows compared, problems): verify's multiset comparison and the exact one, every table."""
+    problems: list[str] = []
+    results = compare_tables(dsn, [publication], lake)
+    if not all(r.equal for r in results):
+        problems.append("verify.compare_tables:\n" + format_report(results))
+    unverified = {f"{s}.{t}" for s, t in tables} - {r.table for r in results}
+    if unverified:
+        problems.append(f"verify.compare_tables did not compare {sorted(unverified)}")
+    exact = [compare_exact(dsn, lake, schema, table) for schema, table in tables]
+    problems += ["exact: " + r.report() for r in exact if r.differences]
+    return sum(r.source_rows for r in exact), problems

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from exact import ExactResult, compare_exact
+from exact import compare_all
 from pyspark.sql import SparkSession
 from workload import Transaction, Workload
 
@@ -36,7 +36,6 @@ from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -120,18 +119,8 @@ def run_sql(dsn: str, transactions: list[Transaction], script: Path) -> None:
 
 def check(pipeline: Pipeline, workload: Workload) -> tuple[int, list[str]]:
     """(rows compared, problems): verify's multiset comparison and the exact one, every table."""
-    problems: list[str] = []
-    results = compare_tables(pipeline.dsn, [pipeline.publication], pipeline.lake)
-    if not all(r.equal for r in results):
-        problems.append("verify.compare_tables:\n" + format_report(results))
-    unverified = {t.qualified for t in workload.tables} - {r.table for r in results}
-    if unverified:
-        problems.append(f"verify.compare_tables did not compare {sorted(unverified)}")
-    exact: list[ExactResult] = [
-        compare_exact(pipeline.dsn, pipeline.lake, t.schema, t.name) for t in workload.tables
-    ]
-    problems += ["exact: " + r.report() for r in exact if r.differences]
-    return sum(r.source_rows for r in exact), problems
+    tables = [(t.schema, t.name) for t in workload.tables]
+    return compare_all(pipeline.dsn, pipeline.publication, pipeline.lake, tables)
 
 
 @pytest.mark.timeout(1200)

@@ -1,12 +1,23 @@
-"""Fixtures of the reliability tests: a small file system a test can fill or make read-only."""
+"""Fixtures of the reliability tests: a small file system a test can fill or make read-only, and Spark."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
+
+from airflow_provider_pglogical.spark.session import local_session
+
+# --import-mode=importlib keeps test directories off sys.path; the crash soak imports its helpers, the
+# fidelity generator (workload.py, exact.py) and the apply job's spark-submit (e2e_support.py) by name.
+_HERE = Path(__file__).parent
+for _helpers in (_HERE, _HERE.parent / "fidelity", _HERE.parent / "e2e"):
+    if str(_helpers) not in sys.path:
+        sys.path.insert(0, str(_helpers))
 
 
 def _remount(path: Path, options: str) -> None:
@@ -33,3 +44,11 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 def remount() -> Callable[[Path, str], None]:
     """Remount a test's tmpfs with other options: ``remount(path, "size=256m")``, ``"ro"``."""
     return _remount
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Iceberg session for the in-process steps of the crash soak (2 cores: keep it small)."""
+    session = local_session("pglogical-reliability-tests")
+    yield session
+    session.stop()

@@ -1,0 +1,395 @@
+"""The crash soak's pipeline: the fidelity workload, writers racing the steps, crashes, and the audits.
+
+``SoakPipeline`` runs the pipeline's own steps in this process (``drain_batch``, the apply job's
+``apply_manifest``, the ack's check and ``advance_slot``), and each crash exactly as a killed
+worker leaves it: a drain SIGKILLed in its own process, the apply job submitted with
+``spark-submit`` (as the operator submits it) and its process group SIGKILLed, an apply whose
+ack never ran, an apply run twice, and a re-snapshot of one table from a temporary slot racing
+the CDC apply. Recovery is what a user does: run the round (drain, apply, ack) again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from random import Random
+
+import psycopg2
+import pyarrow.parquet as pq
+from e2e_support import spark_submit_command
+from pyiceberg.exceptions import NoSuchTableError
+from pyspark.sql import SparkSession
+from workload import Transaction
+
+from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.errors import SlotActiveError
+from airflow_provider_pglogical.lake import LakeConfig, local_lake
+from airflow_provider_pglogical.lake_catalog import open_catalog, unapplied_tables
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.manifest import Manifest
+from airflow_provider_pglogical.replication import advance_slot, connect, describe_slot
+from airflow_provider_pglogical.snapshot import take_snapshot
+from airflow_provider_pglogical.spark.apply_batch import apply_manifest
+from airflow_provider_pglogical.spark.iceberg import ResnapshotNeededError
+from airflow_provider_pglogical.spark.session import register_lake
+from airflow_provider_pglogical.staging import read_manifest
+
+SLOT = "soak"
+CRASHES = ["drain_kill", "apply_kill", "ack_lost", "apply_twice", "resnapshot_race"]
+CHANGE_KEY = ("_pgl_commit_lsn", "_pgl_seq")
+
+# One drain, run in its own process so that it can be SIGKILLed mid-window.
+DRAIN_SCRIPT = """
+import json, sys
+from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+args = json.loads(sys.argv[1])
+settings = DrainSettings(args["slot"], (args["publication"],), args["staging"], chunk_bytes=4096)
+drain_batch(args["dsn"], settings)
+"""
+
+
+def backfill_table(message: str) -> str:
+    """The table a ``ResnapshotNeededError`` names, read from the backfill command it prints."""
+    match = re.search(r"--conf '(\{.*?\})'", message)
+    if match is None:
+        raise AssertionError(f"the re-snapshot error names no backfill command: {message}")
+    tables = json.loads(match.group(1))["tables"]
+    assert len(tables) == 1, message
+    return str(tables[0])
+
+
+class Writer(threading.Thread):
+    """Commits a round's transactions, in order, on one connection, while the pipeline runs."""
+
+    def __init__(self, dsn: str, transactions: list[Transaction], script: Path, rng: Random) -> None:
+        super().__init__(name="soak-writer", daemon=True)
+        self.dsn = dsn
+        self.transactions = transactions
+        self.script = script
+        self.pauses = [rng.uniform(0.0, 0.6) for _ in transactions]
+        self.error: BaseException | None = None
+        self.halfway = threading.Event()  # half the transactions are committed (or the writer failed)
+
+    def run(self) -> None:
+        try:
+            conn = psycopg2.connect(self.dsn)
+            conn.autocommit = True  # BEGIN / COMMIT / ROLLBACK are statements of the workload
+            try:
+                with conn.cursor() as cur, self.script.open("a") as log:
+                    for done, (transaction, pause) in enumerate(
+                        zip(self.transactions, self.pauses, strict=True)
+                    ):
+                        if 2 * done >= len(self.transactions):
+                            self.halfway.set()
+                        time.sleep(pause)
+                        for statement in transaction:
+                            text = statement.as_string(conn)
+                            log.write(text + ";\n")
+                            cur.execute(text)
+            finally:
+                conn.close()
+        except BaseException as exc:  # re-raised by finish() in the test's thread
+            self.error = exc
+        finally:
+            self.halfway.set()
+
+    def finish(self) -> None:
+        self.join(timeout=300)
+        if self.is_alive():
+            raise AssertionError("the writer did not finish within 300 s")
+        if self.error is not None:
+            raise AssertionError(f"the writer failed: {self.error}") from self.error
+
+
+@dataclass
+class SoakPipeline:
+    """One seed's pipeline, its crash log and its slot audit."""
+
+    spark: SparkSession
+    dsn: str
+    publication: str
+    root: Path
+    rng: Random
+    lake: LakeConfig = field(init=False)
+    staging: Path = field(init=False)
+    crashes: list[str] = field(default_factory=list)
+    positions: list[Lsn] = field(default_factory=list)  # confirmed_flush_lsn after every step
+    resnapshots: dict[str, Lsn] = field(default_factory=dict)  # table -> latest consistent point
+    backfills: list[str] = field(default_factory=list)  # tables the apply asked to re-snapshot
+    changes: int = 0
+
+    def __post_init__(self) -> None:
+        self.staging = self.root / "staging"
+        (self.root / "lake").mkdir(parents=True, exist_ok=True)
+        self.lake = local_lake(str(self.root / "lake"), catalog=f"soak_{self.root.name[-8:]}")
+        register_lake(self.spark, self.lake)
+
+    # --- the pipeline's steps -------------------------------------------------------------------
+
+    def snapshot(self) -> None:
+        path, _ = take_snapshot(self.dsn, SLOT, [self.publication], str(self.staging))
+        apply_manifest(self.spark, path, self.lake)
+        self.audit("snapshot")
+
+    def drain(self) -> tuple[Manifest, str]:
+        """The drain task with its retries: a killed drain's backend may hold the slot a moment."""
+        settings = DrainSettings(SLOT, (self.publication,), str(self.staging))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                result = drain_batch(self.dsn, settings)
+                break
+            except SlotActiveError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        if not result.reused:
+            self.changes += result.manifest.stats.changes
+        return result.manifest, result.manifest_uri
+
+    def apply(self, manifest: Manifest, uri: str) -> None:
+        """The apply task; when it stops for a re-snapshot, the user's fix: the backfill, then a re-run."""
+        if not manifest.tables:  # the apply operator skips an empty batch
+            return
+        for _ in range(len(manifest.tables) + 1):
+            try:
+                apply_manifest(self.spark, uri, self.lake)
+                return
+            except ResnapshotNeededError as exc:  # e.g. DROP and ADD COLUMN with no change between
+                table = backfill_table(str(exc))
+                self.backfills.append(table)
+                self.resnapshot(table)
+        raise AssertionError(f"batch {manifest.batch_id} still needs re-snapshots after {self.backfills}")
+
+    def resnapshot(self, table: str) -> None:
+        """The backfill DAG: a snapshot of one table from a temporary slot, loaded."""
+        path, snap = take_snapshot(
+            self.dsn, SLOT, [self.publication], str(self.staging), tables=[table], slot_mode="temporary"
+        )
+        apply_manifest(self.spark, path, self.lake)
+        self.resnapshots[table] = max(snap.end_lsn, self.resnapshots.get(table, snap.end_lsn))
+
+    def ack(self, manifest: Manifest) -> None:
+        """``PgLogicalAckOperator``: advance only once every table of the batch holds it."""
+        missing = unapplied_tables(self.lake, manifest)
+        if missing:
+            raise AssertionError(f"the ack found batch {manifest.batch_id} unapplied for {missing}")
+        conn = connect(self.dsn)
+        try:
+            advance_slot(conn, SLOT, manifest.end_lsn)
+        finally:
+            conn.close()
+
+    def round(self) -> Manifest:
+        """One CDC run, as the DAG runs it (and as a user re-runs it after a crash)."""
+        manifest, uri = self.drain()
+        self.apply(manifest, uri)
+        self.ack(manifest)
+        self.audit("round")
+        return manifest
+
+    # --- crashes: each leaves the pipeline as a killed worker would, then audits the slot -------
+
+    def crash(self, kind: str) -> None:
+        crashes: dict[str, Callable[[], str]] = {
+            "drain_kill": self._drain_kill,
+            "apply_kill": self._apply_kill,
+            "ack_lost": self._ack_lost,
+            "apply_twice": self._apply_twice,
+            "resnapshot_race": self._resnapshot_race,
+        }
+        self.crashes.append(crashes[kind]())
+        self.audit(kind)
+
+    def _drain_kill(self) -> str:
+        """SIGKILL the drain after its first staged part file, or after a random delay."""
+        args = {"dsn": self.dsn, "slot": SLOT, "publication": self.publication, "staging": str(self.staging)}
+        wait_for_part = self.rng.random() < 0.5
+        delay = self.rng.uniform(0.05, 1.0)
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", DRAIN_SCRIPT, json.dumps(args)], start_new_session=True
+        )
+        parts: list[Path] = []
+        while proc.poll() is None:
+            parts = [  # of the batch being written: earlier batches are complete (with a manifest)
+                p
+                for p in (self.staging / SLOT).glob("batch-*/*/part-*.parquet")
+                if not (p.parent.parent / "_manifest.json").exists()
+            ]
+            if (parts if wait_for_part else time.monotonic() - started >= delay) or (
+                time.monotonic() - started > 120
+            ):
+                break
+            time.sleep(0.01)
+        if proc.poll() is not None:
+            return (
+                f"drain_kill: drain finished first ({time.monotonic() - started:.1f} s, rc {proc.returncode})"
+            )
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        trigger = "after its first part file" if wait_for_part else "at a random delay"
+        took = time.monotonic() - started
+        return f"drain_kill: SIGKILL {trigger}, {took:.1f} s in, {len(parts)} part(s) staged"
+
+    def _apply_kill(self) -> str:
+        """SIGKILL the spark-submit apply's process group after its first table commits, or a delay."""
+        manifest, uri = self.drain()
+        if not manifest.tables:
+            return "apply_kill: empty batch, nothing to kill"
+        pending = len(unapplied_tables(self.lake, manifest))
+        after_commit = self.rng.random() < 0.5
+        delay = self.rng.uniform(5.0, 40.0)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory() as scratch:
+            args, env = spark_submit_command(uri, self.lake, scratch)
+            proc = subprocess.Popen(
+                args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
+            left = pending
+            while proc.poll() is None and time.monotonic() - started < 300:
+                if after_commit:
+                    left = len(unapplied_tables(self.lake, manifest))
+                    if left < pending:
+                        break
+                elif time.monotonic() - started >= delay:
+                    break
+                time.sleep(0.2)
+            if proc.poll() is not None:
+                return (
+                    f"apply_kill: job ended first (rc {proc.returncode}, {time.monotonic() - started:.1f} s)"
+                )
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        left = len(unapplied_tables(self.lake, manifest))
+        trigger = "after its first table committed" if after_commit else "at a random delay"
+        return (
+            f"apply_kill: SIGKILL of the process group {trigger}, {time.monotonic() - started:.1f} s in, "
+            f"{pending - left}/{pending} tables committed"
+        )
+
+    def _ack_lost(self) -> str:
+        manifest, uri = self.drain()
+        self.apply(manifest, uri)
+        return f"ack_lost: batch {manifest.batch_id} applied, not acknowledged"
+
+    def _apply_twice(self) -> str:
+        manifest, uri = self.drain()
+        self.apply(manifest, uri)
+        self.apply(manifest, uri)
+        self.ack(manifest)
+        return f"apply_twice: batch {manifest.batch_id} applied twice, acknowledged"
+
+    def _resnapshot_race(self) -> str:
+        """A re-snapshot of one table (temporary slot) loaded while the CDC apply of a batch runs."""
+        manifest, uri = self.drain()
+        conn = connect(self.dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables "
+                    "WHERE pubname = %s ORDER BY 1",
+                    (self.publication,),
+                )
+                table = self.rng.choice([r[0] for r in cur.fetchall()])
+        finally:
+            conn.close()
+        errors: list[BaseException] = []
+
+        def resnapshot() -> None:
+            try:
+                self.resnapshot(table)
+            except BaseException as exc:  # re-raised below
+                errors.append(exc)
+
+        racer = threading.Thread(target=resnapshot, name="soak-resnapshot")
+        racer.start()
+        self.apply(manifest, uri)
+        racer.join(timeout=600)
+        if errors:
+            raise AssertionError(f"the re-snapshot of {table} failed: {errors[0]}") from errors[0]
+        self.ack(manifest)
+        return f"resnapshot_race: {table} re-snapshotted while batch {manifest.batch_id} applied"
+
+    # --- audits ---------------------------------------------------------------------------------
+
+    def confirmed(self) -> Lsn:
+        conn = connect(self.dsn)
+        try:
+            position = describe_slot(conn, SLOT).confirmed_flush_lsn
+        finally:
+            conn.close()
+        assert position is not None
+        return position
+
+    def batches(self) -> list[tuple[Path, Manifest]]:
+        """Every complete staged batch (a half-written one has no manifest)."""
+        return [
+            (d, read_manifest(str(d / "_manifest.json")))
+            for d in sorted((self.staging / SLOT).glob("batch-*"))
+            if (d / "_manifest.json").exists()
+        ]
+
+    def audit(self, step: str) -> None:
+        """The slot never goes backwards, and never passes a batch not committed to all its tables."""
+        position = self.confirmed()
+        if self.positions and position < self.positions[-1]:
+            raise AssertionError(f"after {step}: the slot went backwards, {self.positions[-1]} -> {position}")
+        self.positions.append(position)
+        for _, manifest in self.batches():
+            if manifest.end_lsn <= position:
+                missing = unapplied_tables(self.lake, manifest)
+                if missing:
+                    raise AssertionError(
+                        f"after {step}: the slot is at {position}, past batch {manifest.batch_id} "
+                        f"(end {manifest.end_lsn}), which {missing} do not hold"
+                    )
+
+    def changelog_problems(self, tables: list[tuple[str, str]]) -> list[str]:
+        """Every staged change in its table's changelog exactly once.
+
+        A re-snapshotted table's changelog starts again at the re-snapshot's consistent point:
+        there, only the staged changes at or above it must be logged (still once each).
+        """
+        staged: dict[tuple[str, str], Counter[tuple[int, int]]] = {t: Counter() for t in tables}
+        for batch_dir, manifest in self.batches():
+            for entry in manifest.tables:
+                for part in entry.files:  # the manifest's change files (not its missing-values file)
+                    keys = pq.read_table(batch_dir / part, columns=list(CHANGE_KEY)).to_pydict()
+                    staged[(entry.schema, entry.table)].update(zip(*keys.values(), strict=True))
+        catalog = open_catalog(self.lake)
+        problems = []
+        for schema, table in tables:
+            try:
+                log = catalog.load_table(self.lake.changelog_identifier(schema, table))
+                logged = Counter(
+                    zip(*log.scan(selected_fields=CHANGE_KEY).to_arrow().to_pydict().values(), strict=True)
+                )
+            except NoSuchTableError:
+                logged = Counter()
+            expected = staged[(schema, table)]
+            point = self.resnapshots.get(f"{schema}.{table}")
+            if point is not None:
+                expected = Counter({k: n for k, n in expected.items() if k[0] >= int(point)})
+                logged = Counter({k: n for k, n in logged.items() if k[0] >= int(point)})
+            twice = [k for k, n in logged.items() if n > 1]
+            missing = expected - logged
+            extra = logged - expected
+            if twice or missing or extra:
+                problems.append(
+                    f"changelog of {schema}.{table}: {len(twice)} changes logged more than once, "
+                    f"{sum(missing.values())} staged but not logged, "
+                    f"{sum(extra.values())} logged but not staged"
+                )
+        return problems

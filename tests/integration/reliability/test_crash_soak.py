@@ -1,0 +1,185 @@
+"""Randomized differential soak: the fidelity workload, writers racing every step, one crash per round.
+
+Per seed: the fidelity generator's schema and workload (``workload.Workload``), a writer thread
+committing one round of its transactions while the snapshot runs and one more during each CDC
+round, and in each round one crash the seed picks (``soak_support.CRASHES``): the drain
+SIGKILLed mid-window, the spark-submit apply's process group SIGKILLed, the ack lost, the apply
+run twice, a re-snapshot of one table racing the CDC apply. Recovery is the user's: run the
+round again (drain, apply, ack). Once the writer is done, one more round reaches the quiet
+source, and then:
+
+* every table equals its source, by ``verify.compare_tables`` (multiset) and by the exact
+  comparison of PostgreSQL's own row text, at the acknowledged LSN;
+* the slot's ``confirmed_flush_lsn`` never went backwards and never passed a batch that not all
+  its tables hold (audited after every step and every crash);
+* every staged change is in its table's changelog exactly once.
+
+``make test`` runs ``DEFAULT_SEEDS`` with 2 rounds. ``make soak SEEDS=100 [ROUNDS=4]`` runs seeds
+1-100 (``PGLOGICAL_SOAK_SEEDS``: ``N``, ``A-B`` or ``A,B``; ``PGLOGICAL_SOAK_ROUNDS``), one line
+per seed and a summary line. A failing seed keeps its work directory (staging, lake, the SQL the
+writers ran) and prints the command replaying it alone. Crash timings are random, so a replay
+runs the same schema, statements and crash kinds, not necessarily the same kill instants.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from random import Random
+
+import psycopg2
+import pytest
+from exact import compare_all
+from pyspark.sql import SparkSession
+from soak_support import CRASHES, SoakPipeline, Writer
+from workload import Workload
+
+from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.testing import PostgresCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SEEDS_ENV = "PGLOGICAL_SOAK_SEEDS"
+ROUNDS_ENV = "PGLOGICAL_SOAK_ROUNDS"
+DEFAULT_SEEDS = [2, 3]  # ~2 min: re-snapshot race, apply twice, drain killed mid-window, ack lost
+DEFAULT_ROUNDS = 2
+
+
+def soak_seeds(spec: str | None) -> list[int]:
+    """``N`` (seeds 1..N), ``A-B`` (inclusive) or ``A,B,...``; the defaults when unset."""
+    if not spec:
+        return DEFAULT_SEEDS
+    if "," in spec:
+        return [int(s) for s in spec.split(",") if s.strip()]
+    if "-" in spec:
+        low, high = spec.split("-", 1)
+        return list(range(int(low), int(high) + 1))
+    return list(range(1, int(spec) + 1))
+
+
+def crash_plan(seed: int, rounds: int) -> Random:
+    """The seed's random source for crash kinds, kill triggers and writer pauses."""
+    return Random(seed * 7919 + rounds)
+
+
+def show(request: pytest.FixtureRequest, line: str) -> None:
+    """Print past pytest's capture: the soak's lines are its output."""
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        print(line, flush=True)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    crashes: int
+    rows: int
+    differences: int
+
+
+@pytest.fixture(scope="module")
+def soak_summary(request: pytest.FixtureRequest) -> Iterator[list[SeedResult]]:
+    """Collects each seed's result; prints the summary line when the module ends."""
+    results: list[SeedResult] = []
+    yield results
+    if results:
+        line = (
+            f"crash soak summary: {len(results)} seeds, {sum(r.crashes for r in results)} crashes injected, "
+            f"{sum(r.rows for r in results)} rows compared, "
+            f"{sum(r.differences for r in results)} differences, "
+            f"{sum(1 for r in results if r.differences)} failing seeds"
+        )
+        show(request, line)
+
+
+def quiet_lsn(dsn: str) -> Lsn:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_flush_lsn()::text")
+            return Lsn.parse(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+def check(pipeline: SoakPipeline, workload: Workload, step: str) -> tuple[int, list[str]]:
+    """Lake == source (verify and exact) at the acknowledged LSN, and the changelog exactly once."""
+    tables = [(t.schema, t.name) for t in workload.tables]
+    rows, problems = compare_all(pipeline.dsn, workload.publication, pipeline.lake, tables)
+    problems += pipeline.changelog_problems(tables)
+    return rows, [f"after {step}: {p}" for p in problems]
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("seed", soak_seeds(os.environ.get(SEEDS_ENV)), ids=lambda s: f"seed{s}")
+def test_crash_soak_seed(
+    seed: int,
+    spark: SparkSession,
+    pg_cluster: PostgresCluster,
+    pg_dbname: str,
+    soak_summary: list[SeedResult],
+    request: pytest.FixtureRequest,
+) -> None:
+    started = time.monotonic()
+    rounds = int(os.environ.get(ROUNDS_ENV) or DEFAULT_ROUNDS)
+    dsn = pg_cluster.dsn(pg_dbname)
+    workload = Workload(seed, rounds=rounds + 1)  # round 0 is written during the snapshot
+    rng = crash_plan(seed, rounds)
+    workdir = Path(tempfile.mkdtemp(prefix=f"pgl-soak-seed{seed}-"))
+    script = workdir / "workload.sql"
+    pipeline = SoakPipeline(spark, dsn, workload.publication, workdir, rng)
+    compared, problems, stage, failure = 0, [], "setup", None
+    writer: Writer | None = None
+    try:
+        Writer(dsn, [workload.setup, *workload.initial], script, Random(0)).run()
+        for number, transactions in enumerate(workload.rounds):
+            writer = Writer(dsn, transactions, script, rng)
+            kind = rng.choice(CRASHES) if number else "snapshot"
+            stage = f"round {number} ({kind})"
+            writer.start()
+            if number:
+                writer.halfway.wait(timeout=120)  # a batch to crash on; the other half races the crash
+                pipeline.crash(kind)
+                pipeline.round()  # the user's recovery: the DAG run again, with writers still going
+            else:
+                pipeline.snapshot()
+            writer.finish()
+            quiet = quiet_lsn(dsn)
+            pipeline.round()  # the source is quiet: this batch reaches its last change
+            acked = pipeline.confirmed()
+            if acked < quiet:
+                problems.append(f"after {stage}: acknowledged {acked}, below the quiet source's {quiet}")
+            rows, found = check(pipeline, workload, stage)
+            compared += rows
+            problems += found
+            if problems:
+                break
+    except Exception as exc:  # reported below with the seed and how to replay it
+        problems.append(f"at {stage}: {type(exc).__name__}: {exc}")
+        failure = exc
+        if writer is not None:
+            writer.join(timeout=300)  # its database is dropped next
+    seconds = time.monotonic() - started
+    soak_summary.append(SeedResult(seed, len(pipeline.crashes), compared, len(problems)))
+    line = (
+        f"\nsoak seed {seed}: {len(workload.tables)} tables, {pipeline.changes} changes, "
+        f"{len(pipeline.crashes)} crashes [{'; '.join(pipeline.crashes)}], "
+        f"{len(pipeline.backfills)} backfills {pipeline.backfills}, {compared} rows compared, "
+        f"{len(problems)} differences, {seconds:.1f} s"
+    )
+    show(request, line)
+    if problems:
+        replay = (
+            f"make soak SEEDS={seed}-{seed} ROUNDS={rounds}\n    or: {SEEDS_ENV}={seed}-{seed} "
+            f"{ROUNDS_ENV}={rounds} python -m pytest tests/integration/reliability/test_crash_soak.py -q"
+        )
+        raise AssertionError(
+            f"soak seed {seed} failed at {stage}; work directory kept: {workdir}\n"
+            f"replay it alone with:\n    {replay}\ntables:\n{workload.describe()}\n"
+            f"SQL run: {script}\ncrashes: {pipeline.crashes}\n\n" + "\n\n".join(problems)
+        ) from failure
+    shutil.rmtree(workdir, ignore_errors=True)
