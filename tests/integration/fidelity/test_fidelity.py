@@ -25,6 +25,7 @@ import psycopg2
 import pytest
 from exact import compare_all
 from pyspark.sql import SparkSession
+from seeds import parse_seeds
 from workload import Transaction, Workload
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
@@ -42,18 +43,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SEEDS_ENV = "PGLOGICAL_FIDELITY_SEEDS"
 DEFAULT_SEEDS = [1, 4, 33]  # together: every shape, value family and workload step of the generator
 SLOT = "fidelity"
-
-
-def fidelity_seeds(spec: str | None) -> list[int]:
-    """``N`` (seeds 1..N), ``A-B`` (inclusive) or ``A,B,...``; the defaults when unset."""
-    if not spec:
-        return DEFAULT_SEEDS
-    if "," in spec:
-        return [int(s) for s in spec.split(",") if s.strip()]
-    if "-" in spec:
-        low, high = spec.split("-", 1)
-        return list(range(int(low), int(high) + 1))
-    return list(range(1, int(spec) + 1))
 
 
 def replay_command(seed: int) -> str:
@@ -124,7 +113,9 @@ def check(pipeline: Pipeline, workload: Workload) -> tuple[int, list[str]]:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("seed", fidelity_seeds(os.environ.get(SEEDS_ENV)), ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize(
+    "seed", parse_seeds(os.environ.get(SEEDS_ENV), DEFAULT_SEEDS), ids=lambda s: f"seed{s}"
+)
 def test_lake_equals_source_for_seed(
     seed: int,
     spark: SparkSession,

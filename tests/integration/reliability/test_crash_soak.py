@@ -36,6 +36,7 @@ import psycopg2
 import pytest
 from exact import compare_all
 from pyspark.sql import SparkSession
+from seeds import parse_seeds
 from soak_support import CRASHES, SoakPipeline, Writer
 from workload import Workload
 
@@ -48,18 +49,6 @@ SEEDS_ENV = "PGLOGICAL_SOAK_SEEDS"
 ROUNDS_ENV = "PGLOGICAL_SOAK_ROUNDS"
 DEFAULT_SEEDS = [2, 3]  # ~2 min: re-snapshot race, apply twice, drain killed mid-window, ack lost
 DEFAULT_ROUNDS = 2
-
-
-def soak_seeds(spec: str | None) -> list[int]:
-    """``N`` (seeds 1..N), ``A-B`` (inclusive) or ``A,B,...``; the defaults when unset."""
-    if not spec:
-        return DEFAULT_SEEDS
-    if "," in spec:
-        return [int(s) for s in spec.split(",") if s.strip()]
-    if "-" in spec:
-        low, high = spec.split("-", 1)
-        return list(range(int(low), int(high) + 1))
-    return list(range(1, int(spec) + 1))
 
 
 def crash_plan(seed: int, rounds: int) -> Random:
@@ -115,7 +104,9 @@ def check(pipeline: SoakPipeline, workload: Workload, step: str) -> tuple[int, l
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("seed", soak_seeds(os.environ.get(SEEDS_ENV)), ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize(
+    "seed", parse_seeds(os.environ.get(SEEDS_ENV), DEFAULT_SEEDS), ids=lambda s: f"seed{s}"
+)
 def test_crash_soak_seed(
     seed: int,
     spark: SparkSession,
