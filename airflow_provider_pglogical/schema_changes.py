@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_pglogical.pgtypes import numeric_precision_scale, pg_type_text
+
 BACKFILL_DAG = "pglogical_backfill_tables"
 
 # PostgreSQL type OIDs of the widening promotions.
@@ -42,7 +44,6 @@ _INT2, _INT4, _INT8 = 21, 23, 20
 _FLOAT4, _FLOAT8 = 700, 701
 _NUMERIC, _VARCHAR, _TEXT = 1700, 1043, 25
 _INTEGER_RANK = {_INT2: 2, _INT4: 4, _INT8: 8}
-_VARHDRSZ = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +152,6 @@ class Plan:
     steps: tuple[Step, ...] = field(default=(), compare=False)
 
 
-def _numeric_precision_scale(typmod: int) -> tuple[int, int] | None:
-    if typmod < _VARHDRSZ:
-        return None
-    packed = typmod - _VARHDRSZ
-    return (packed >> 16) & 0xFFFF, ((packed & 0x7FF) ^ 1024) - 1024
-
-
 def is_widening(before: SourceColumn, after: SourceColumn) -> bool:
     """Whether every value of ``before``'s type is the same value in ``after``'s (no rewrite changes it).
 
@@ -172,13 +166,13 @@ def is_widening(before: SourceColumn, after: SourceColumn) -> bool:
     if old == new == _VARCHAR:
         return after.typmod < 0 or 0 <= before.typmod < after.typmod
     if old == new == _NUMERIC:
-        was, now = _numeric_precision_scale(before.typmod), _numeric_precision_scale(after.typmod)
+        was, now = numeric_precision_scale(before.typmod), numeric_precision_scale(after.typmod)
         return was is not None and now is not None and was[1] == now[1] and now[0] > was[0]
     return False
 
 
 def _type_text(column: SourceColumn) -> str:
-    return f"type {column.type_oid} typmod {column.typmod}"
+    return pg_type_text(column.type_oid, column.typmod)
 
 
 def classify(before: Sequence[SourceColumn], after: Sequence[SourceColumn]) -> Step:

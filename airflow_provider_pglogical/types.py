@@ -64,6 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.pgtypes import ARRAY_ELEMENT, numeric_precision_scale, pg_type_name
 
 __all__ = [
     "UnrepresentableValueError",
@@ -97,79 +98,6 @@ class UnsupportedBinaryTypeError(PgLogicalError):
     """A value arrived in binary format (pgoutput ``binary``) for a type we only read as text."""
 
 
-# Built-in scalar type OIDs (pg_type.dat) and their names.
-_NAMES: dict[int, str] = {
-    16: "bool",
-    17: "bytea",
-    18: "char",
-    19: "name",
-    20: "int8",
-    21: "int2",
-    23: "int4",
-    25: "text",
-    26: "oid",
-    28: "xid",
-    29: "cid",
-    114: "json",
-    142: "xml",
-    650: "cidr",
-    700: "float4",
-    701: "float8",
-    790: "money",
-    829: "macaddr",
-    869: "inet",
-    1042: "bpchar",
-    1043: "varchar",
-    1082: "date",
-    1083: "time",
-    1114: "timestamp",
-    1184: "timestamptz",
-    1186: "interval",
-    1266: "timetz",
-    1560: "bit",
-    1562: "varbit",
-    1700: "numeric",
-    2950: "uuid",
-    3220: "pg_lsn",
-    3802: "jsonb",
-}
-
-# Array type OID -> element type OID for the built-in scalars above.
-_ARRAY_ELEMENT: dict[int, int] = {
-    1000: 16,
-    1001: 17,
-    1002: 18,
-    1003: 19,
-    1016: 20,
-    1005: 21,
-    1007: 23,
-    1009: 25,
-    1028: 26,
-    1011: 28,
-    199: 114,
-    143: 142,
-    651: 650,
-    1021: 700,
-    1022: 701,
-    791: 790,
-    1040: 829,
-    1041: 869,
-    1014: 1042,
-    1015: 1043,
-    1182: 1082,
-    1183: 1083,
-    1115: 1114,
-    1185: 1184,
-    1187: 1186,
-    1270: 1266,
-    1561: 1560,
-    1563: 1562,
-    1231: 1700,
-    2951: 2950,
-    3221: 3220,
-    3807: 3802,
-}
-
 _SCALAR_ARROW: dict[int, pa.DataType] = {
     16: pa.bool_(),
     17: pa.binary(),
@@ -190,7 +118,6 @@ _NUMERIC = 1700
 _BYTEA = 17
 _BOOL = 16
 _TIME = 1083
-_VARHDRSZ = 4
 _HEX_NIBBLE = np.full(256, 255, dtype=np.uint8)
 for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX_NIBBLE[_c] = _i
@@ -198,22 +125,11 @@ for _i, _c in enumerate(b"ABCDEF"):
     _HEX_NIBBLE[_c] = 10 + _i
 
 
-def pg_type_name(type_oid: int) -> str:
-    """The ``pg_type.typname`` of a built-in type (``_int4`` for arrays), else ``oid:<n>``."""
-    if type_oid in _NAMES:
-        return _NAMES[type_oid]
-    element = _ARRAY_ELEMENT.get(type_oid)
-    if element is not None:
-        return "_" + _NAMES[element]
-    return f"oid:{type_oid}"
-
-
 def _numeric_type(typmod: int) -> pa.DataType:
-    if typmod < _VARHDRSZ:
+    precision_scale = numeric_precision_scale(typmod)
+    if precision_scale is None:
         return pa.string()
-    precision = ((typmod - _VARHDRSZ) >> 16) & 0xFFFF
-    # PostgreSQL 15 stores the scale as an 11-bit signed field (negative scales are allowed).
-    scale = (((typmod - _VARHDRSZ) & 0x7FF) ^ 1024) - 1024
+    precision, scale = precision_scale
     if not 1 <= precision <= 38 or scale < 0 or scale > precision:
         return pa.string()
     return pa.decimal128(precision, scale)
@@ -227,7 +143,7 @@ def _scalar_type(type_oid: int, typmod: int) -> pa.DataType:
 
 def arrow_type(type_oid: int, typmod: int) -> pa.DataType:
     """The Arrow type a column of this PostgreSQL type (and ``atttypmod``) is stored as."""
-    element = _ARRAY_ELEMENT.get(type_oid)
+    element = ARRAY_ELEMENT.get(type_oid)
     if element is not None:
         # Array typmods are the element's typmod (numeric(10,2)[] has the numeric typmod).
         return pa.list_(_scalar_type(element, typmod))
@@ -275,7 +191,7 @@ def text_to_arrow_with_overflow(
     if pa.types.is_string(target):
         return values, None
     if pa.types.is_list(target):
-        element = _ARRAY_ELEMENT[type_oid]
+        element = ARRAY_ELEMENT[type_oid]
         return _array_to_list(values, element, typmod, target)
     return _convert_scalar(values, type_oid, target)
 

@@ -1,7 +1,7 @@
 """What spark-submit runs: the apply job and its helpers (the only package part importing pyspark).
 
 The job's entry scripts are files of this folder; the modules they import from the package
-(``lake``, ``lsn``, ``manifest``, ``schema_changes``, ``errors`` and this folder) reach the
+(``lake``, ``lsn``, ``manifest``, ``pgtypes``, ``schema_changes``, ``errors`` and this folder) reach the
 cluster as one zip through ``--py-files`` (:func:`job_py_files`), so the job and the Airflow
 side share one definition of every format rule. This module itself imports no pyspark: the
 Airflow side uses it to submit.
@@ -19,7 +19,7 @@ MAINTAIN_JOB_PATH = str(Path(__file__).with_name("maintain_lake.py"))
 JARS_ENV = "PGLOGICAL_SPARK_JARS"
 
 _PACKAGE = Path(__file__).resolve().parent.parent
-_SHIPPED = ("__init__.py", "errors.py", "lake.py", "lsn.py", "manifest.py", "schema_changes.py")
+_SHIPPED = ("__init__.py", "errors.py", "lake.py", "lsn.py", "manifest.py", "pgtypes.py", "schema_changes.py")
 
 
 def job_py_files(directory: str) -> str:

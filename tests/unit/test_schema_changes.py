@@ -175,3 +175,10 @@ def test_manifest_keeps_versions_and_facts_and_reads_old_entries() -> None:
     old = entry.to_dict()
     del old["versions"], old["catalog"]
     assert TableManifest.from_dict(old).versions == () and TableManifest.from_dict(old).catalog is None
+
+
+def test_problems_name_types_as_postgresql_does() -> None:
+    problem = classify([ID, col("n", NUMERIC, numeric(10, 2))], [ID, col("n", TEXT)]).problem
+    assert problem is not None and "from numeric(10,2) to text" in problem
+    readded = plan([ID, A], [[ID, A, col("k", VARCHAR, 44)], [ID, A], [ID, A, col("k", INT4)]], FACTS).problem
+    assert readded is not None and "added again as int4 (it was varchar(40))" in readded
