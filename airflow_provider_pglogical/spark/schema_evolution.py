@@ -20,7 +20,7 @@ from pyspark.sql.types import StructType
 
 from airflow_provider_pglogical.lake import TableState
 from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import Manifest, TableManifest
+from airflow_provider_pglogical.manifest import Manifest, TableManifest, sibling_name
 from airflow_provider_pglogical.schema_changes import (
     Fill,
     Plan,
@@ -68,9 +68,16 @@ class SchemaSteps:
             earlier = name.isin(*sorted(files))
             value = values[fill.column]
             staged = staged.withColumn(fill.column, sf.when(earlier, value).otherwise(column(fill.column)))
+            # The earlier incarnation's overflow text is gone with it (the filled value fits).
+            sibling = sibling_name(fill.column)
+            if sibling in staged.columns:
+                cleared = sf.when(earlier, sf.lit(None).cast("string")).otherwise(column(sibling))
+                staged = staged.withColumn(sibling, cleared)
             if OLD in staged.columns:
                 old = sf.col(OLD)
                 filled = old.withField(quote(fill.column), value)
+                if sibling in staged.schema[OLD].dataType.fieldNames():  # type: ignore[attr-defined]
+                    filled = filled.withField(quote(sibling), sf.lit(None).cast("string"))
                 staged = staged.withColumn(OLD, sf.when(earlier & old.isNotNull(), filled).otherwise(old))
         return staged
 
@@ -86,6 +93,9 @@ class SchemaSteps:
         values = self._values(tables.spark, schema)
         source = tables.spark.range(1).select(*[values[f.column].alias(f.column) for f in fills])
         sets = ", ".join(f"t.{quote(f.column)} = s.{quote(f.column)}" for f in fills)
+        # A re-added column's earlier overflow text (docs/TYPES.md) is gone with the old column.
+        stale = [sibling_name(f.column) for f in fills if sibling_name(f.column) in schema.fieldNames()]
+        sets += "".join(f", t.{quote(name)} = NULL" for name in stale)
         tables.spark.sql(
             f"MERGE INTO {target} t USING {temp_view(source)} s ON TRUE WHEN MATCHED THEN UPDATE SET {sets}"
         )
