@@ -26,13 +26,12 @@ import pytest
 from exact import compare_all
 from pyspark.sql import SparkSession
 from seeds import parse_seeds
+from steps import acknowledge
 from workload import Transaction, Workload
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.lake_catalog import unapplied_tables
 from airflow_provider_pglogical.manifest import Manifest
-from airflow_provider_pglogical.replication import advance_slot, connect
 from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
@@ -80,15 +79,7 @@ class Pipeline:
         return manifest
 
     def ack(self, manifest: Manifest) -> None:
-        """``PgLogicalAckOperator``: advance only once every table of the batch holds it."""
-        missing = unapplied_tables(self.lake, manifest)
-        if missing:
-            raise SeedFailureError(f"the ack found the batch unapplied for {missing}")
-        conn = connect(self.dsn)
-        try:
-            advance_slot(conn, SLOT, manifest.end_lsn)
-        finally:
-            conn.close()
+        acknowledge(self.dsn, SLOT, self.lake, manifest)
 
 
 def run_sql(dsn: str, transactions: list[Transaction], script: Path) -> None:

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from e2e_support import spark_submit_command
 from pyiceberg.exceptions import NoSuchTableError
 from pyspark.sql import SparkSession
+from steps import acknowledge
 from workload import Transaction
 
 from airflow_provider_pglogical.drain import DrainSettings, drain_batch
@@ -38,7 +39,7 @@ from airflow_provider_pglogical.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.lake_catalog import open_catalog, unapplied_tables
 from airflow_provider_pglogical.lsn import Lsn
 from airflow_provider_pglogical.manifest import Manifest
-from airflow_provider_pglogical.replication import advance_slot, connect, describe_slot
+from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.iceberg import ResnapshotNeededError
@@ -181,15 +182,7 @@ class SoakPipeline:
         self.resnapshots[table] = max(snap.end_lsn, self.resnapshots.get(table, snap.end_lsn))
 
     def ack(self, manifest: Manifest) -> None:
-        """``PgLogicalAckOperator``: advance only once every table of the batch holds it."""
-        missing = unapplied_tables(self.lake, manifest)
-        if missing:
-            raise AssertionError(f"the ack found batch {manifest.batch_id} unapplied for {missing}")
-        conn = connect(self.dsn)
-        try:
-            advance_slot(conn, SLOT, manifest.end_lsn)
-        finally:
-            conn.close()
+        acknowledge(self.dsn, SLOT, self.lake, manifest)
 
     def round(self) -> Manifest:
         """One CDC run, as the DAG runs it (and as a user re-runs it after a crash)."""

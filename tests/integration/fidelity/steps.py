@@ -1,0 +1,20 @@
+"""Pipeline steps the seeded tests (fidelity and crash soak) share with each other."""
+
+from __future__ import annotations
+
+from airflow_provider_pglogical.lake import LakeConfig
+from airflow_provider_pglogical.lake_catalog import unapplied_tables
+from airflow_provider_pglogical.manifest import Manifest
+from airflow_provider_pglogical.replication import advance_slot, connect
+
+
+def acknowledge(dsn: str, slot: str, lake: LakeConfig, manifest: Manifest) -> None:
+    """``PgLogicalAckOperator``: advance the slot only once every table of the batch holds it."""
+    missing = unapplied_tables(lake, manifest)
+    if missing:
+        raise AssertionError(f"the ack found batch {manifest.batch_id} unapplied for {missing}")
+    conn = connect(dsn)
+    try:
+        advance_slot(conn, slot, manifest.end_lsn)
+    finally:
+        conn.close()
