@@ -35,13 +35,13 @@ from typing import Any
 
 from airflow.sdk import Param, TaskGroup
 
+from airflow_provider_pglogical.engine.snapshot import SlotMode
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
 from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
 from airflow_provider_pglogical.operators.publication import PgLogicalPublishTablesOperator
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.snapshot import SlotMode
 
 
 def pipeline_params(**extra: Param) -> dict[str, Param]:

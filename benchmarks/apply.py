@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
-from airflow_provider_pglogical.lake import LakeConfig, local_lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.spark import apply_batch as job
 from airflow_provider_pglogical.spark.iceberg import IcebergTables
 from airflow_provider_pglogical.spark.session import local_session, register_lake

@@ -29,7 +29,7 @@ from airflow_provider_pglogical.testing import PostgresCluster
 ROWS_PER_GB = 5_000_000
 _CHILD = """
 import json, sys, time
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 dsn, staging, transport, memory = sys.argv[1:5]
 started = time.monotonic()
 result = drain_batch(dsn, DrainSettings("big_slot", ("big_pub",), staging, transport=transport,

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import time
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.replication import connect, create_slot
 from airflow_provider_pglogical.testing import PostgresCluster
 

@@ -18,7 +18,7 @@ import time
 
 from psycopg2 import sql
 
-from airflow_provider_pglogical.snapshot import DEFAULT_BATCH_BYTES, take_snapshot
+from airflow_provider_pglogical.engine.snapshot import DEFAULT_BATCH_BYTES, take_snapshot
 from airflow_provider_pglogical.testing import PostgresCluster
 
 TARGET_RATIO = 0.6

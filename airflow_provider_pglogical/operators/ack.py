@@ -7,11 +7,11 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pglogical.engine.lake_catalog import unapplied_tables
+from airflow_provider_pglogical.engine.staging import read_manifest
 from airflow_provider_pglogical.errors import PgLogicalError
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.lake_catalog import unapplied_tables
-from airflow_provider_pglogical.staging import read_manifest
 
 
 class BatchNotAppliedError(PgLogicalError):

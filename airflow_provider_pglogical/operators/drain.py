@@ -7,9 +7,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_provider_pglogical.drain import DrainSettings, Transport, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, Transport, drain_batch
+from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES
 
 
 class PgLogicalDrainOperator(BaseOperator):

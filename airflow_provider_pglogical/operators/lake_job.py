@@ -18,8 +18,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 from airflow.sdk import Context
 
+from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
-from airflow_provider_pglogical.lake import LakeConfig
 from airflow_provider_pglogical.spark import job_py_files, local_jars
 
 

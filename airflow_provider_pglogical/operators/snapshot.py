@@ -13,12 +13,8 @@ from typing import Any
 from airflow.exceptions import AirflowSkipException
 from airflow.sdk import BaseOperator, Context
 
-from airflow_provider_pglogical.errors import SlotExistsError
-from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.manifest import Manifest
-from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES
-from airflow_provider_pglogical.snapshot import (
+from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
+from airflow_provider_pglogical.engine.snapshot import (
     DEFAULT_MIN_RANGE_BYTES,
     DEFAULT_PARALLELISM,
     DEFAULT_RANGE_BYTES,
@@ -31,7 +27,11 @@ from airflow_provider_pglogical.snapshot import (
     jdbc_connection,
     staged_snapshot,
 )
-from airflow_provider_pglogical.staging import DEFAULT_MAX_FILE_BYTES
+from airflow_provider_pglogical.engine.staging import DEFAULT_MAX_FILE_BYTES
+from airflow_provider_pglogical.errors import SlotExistsError
+from airflow_provider_pglogical.formats.manifest import Manifest
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.replication import connect, describe_slot
 
 COPY_ENGINES = ("local", "spark")
 POSTGRESQL_JDBC_JAR = "/usr/share/java/postgresql.jar"

@@ -10,10 +10,10 @@ from typing import Any
 
 from airflow.sdk import Context
 
-from airflow_provider_pglogical.lake import LakeConfig
+from airflow_provider_pglogical.engine.staging import read_manifest
+from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH
-from airflow_provider_pglogical.staging import read_manifest
 
 
 class PgLogicalSparkApplyOperator(LakeSparkJobOperator):

@@ -27,9 +27,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_pglogical import overflow
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import sibling_name
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.pgoutput.assembly import RowChange, Transaction
 from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
@@ -40,7 +39,8 @@ from airflow_provider_pglogical.pgoutput.messages import (
     TupleData,
     TupleKind,
 )
-from airflow_provider_pglogical.types import arrow_type
+from airflow_provider_pglogical.values import overflow
+from airflow_provider_pglogical.values.arrow_types import arrow_type
 
 DEFAULT_MAX_ROWS = 65_536
 """Rows per record batch: bounds the memory a consumer needs per batch it writes."""

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput.arrow import (
     DEFAULT_MAX_ROWS,
     MIXED_FORMATS,
@@ -63,7 +63,7 @@ from airflow_provider_pglogical.pgoutput.messages import (
     TupleKind,
 )
 from airflow_provider_pglogical.pgoutput.relations import RelationCache
-from airflow_provider_pglogical.raw_text import escape_raw_text
+from airflow_provider_pglogical.values.raw_text import escape_raw_text
 
 _PAD = bytes(16)
 LsnArray = Sequence[int] | npt.NDArray[np.uint64]

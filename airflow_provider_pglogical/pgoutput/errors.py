@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 
 
 class PgOutputDecodeError(PgLogicalError):

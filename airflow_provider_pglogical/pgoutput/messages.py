@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 
 PG_EPOCH_US = 946_684_800_000_000
 """Microseconds from 1970-01-01 to 2000-01-01: add to a PostgreSQL timestamp for Unix time."""

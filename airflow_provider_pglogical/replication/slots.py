@@ -23,7 +23,7 @@ from airflow_provider_pglogical.errors import (
     SlotLostError,
     SlotNotFoundError,
 )
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 
 OUTPUT_PLUGIN = "pgoutput"
 SNAPSHOT_HOLDER_OPTIONS = "-c idle_in_transaction_session_timeout=0"

@@ -46,7 +46,7 @@ from airflow_provider_pglogical.errors import (
     SlotActiveError,
     SlotNotFoundError,
 )
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication.connection import (
     connection_lost_detail,
     is_connection_loss,

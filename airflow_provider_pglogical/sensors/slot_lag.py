@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_pglogical.errors import SlotNotFoundError
-from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.slot_health import (
+from airflow_provider_pglogical.engine.slot_health import (
     LagThresholds,
     Outcome,
     SlotHealth,
@@ -21,6 +19,8 @@ from airflow_provider_pglogical.slot_health import (
     parse_duration,
     parse_size,
 )
+from airflow_provider_pglogical.errors import SlotNotFoundError
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """What spark-submit runs: the apply job and its helpers (the only package part importing pyspark).
 
-The job's entry scripts are files of this folder; the modules they import from the package
-(``lake``, ``lsn``, ``manifest``, ``pgtypes``, ``schema_changes``, ``errors`` and this folder) reach the
-cluster as one zip through ``--py-files`` (:func:`job_py_files`), so the job and the Airflow
-side share one definition of every format rule. This module itself imports no pyspark: the
+The job's entry scripts are files of this folder; what they import from the package (``errors``,
+the standard-library ``formats`` package and this folder) reaches the cluster as one zip through
+``--py-files`` (:func:`job_py_files`), so the job and the Airflow side share one definition of
+every format rule. This module itself imports no pyspark: the
 Airflow side uses it to submit.
 """
 
@@ -19,17 +19,19 @@ MAINTAIN_JOB_PATH = str(Path(__file__).with_name("maintain_lake.py"))
 JARS_ENV = "PGLOGICAL_SPARK_JARS"
 
 _PACKAGE = Path(__file__).resolve().parent.parent
-_SHIPPED = ("__init__.py", "errors.py", "lake.py", "lsn.py", "manifest.py", "pgtypes.py", "schema_changes.py")
+_SHIPPED_MODULES = ("__init__.py", "errors.py")
+_SHIPPED_PACKAGES = ("formats", "spark")
 
 
 def job_py_files(directory: str) -> str:
     """Write ``pglogical_job.zip`` (the package modules the Spark jobs import) into ``directory``."""
     path = os.path.join(directory, "pglogical_job.zip")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in _SHIPPED:
+        for name in _SHIPPED_MODULES:
             archive.write(_PACKAGE / name, f"{_PACKAGE.name}/{name}")
-        for module in sorted((_PACKAGE / "spark").glob("*.py")):
-            archive.write(module, f"{_PACKAGE.name}/spark/{module.name}")
+        for package in _SHIPPED_PACKAGES:
+            for module in sorted((_PACKAGE / package).glob("*.py")):
+                archive.write(module, f"{_PACKAGE.name}/{package}/{module.name}")
     return path
 
 

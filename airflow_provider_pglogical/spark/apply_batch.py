@@ -42,11 +42,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from airflow_provider_pglogical import lake
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lsn import ZERO, Lsn
-from airflow_provider_pglogical.manifest import Manifest, TableManifest, is_sibling
-from airflow_provider_pglogical.schema_changes import SourceColumn, encode_columns
+from airflow_provider_pglogical.formats import lake
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.lsn import ZERO, Lsn
+from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest, is_sibling
+from airflow_provider_pglogical.formats.schema_changes import SourceColumn, encode_columns
 from airflow_provider_pglogical.spark import multiset
 from airflow_provider_pglogical.spark.changes import (
     COMMIT_LSN,

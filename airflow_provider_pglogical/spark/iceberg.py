@@ -30,11 +30,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.lake import LakeConfig, TableState
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import encode_name_part
+from airflow_provider_pglogical.formats import lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, TableState
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import encode_name_part
 from airflow_provider_pglogical.spark.changes import OLD
 
 log = logging.getLogger("pglogical.apply")

@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.lake import LakeConfig
+from airflow_provider_pglogical.formats.lake import LakeConfig
 
 JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
 

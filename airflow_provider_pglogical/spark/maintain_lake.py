@@ -45,10 +45,10 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import Row, SparkSession
 
-from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats import lake
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark.iceberg import IcebergTables, is_conflict, quote
 from airflow_provider_pglogical.spark.job import job_parser, run_job
 

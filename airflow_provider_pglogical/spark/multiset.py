@@ -25,7 +25,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType, DataType, DoubleType, FloatType, MapType, StructField, StructType
 
-from airflow_provider_pglogical.manifest import SIBLING_SUFFIX, TableManifest
+from airflow_provider_pglogical.formats.manifest import SIBLING_SUFFIX, TableManifest
 from airflow_provider_pglogical.spark.changes import (
     OLD,
     OP,

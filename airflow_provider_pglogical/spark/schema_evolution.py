@@ -18,10 +18,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import StructType
 
-from airflow_provider_pglogical.lake import TableState
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import Manifest, TableManifest, sibling_name
-from airflow_provider_pglogical.schema_changes import (
+from airflow_provider_pglogical.formats.lake import TableState
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest, sibling_name
+from airflow_provider_pglogical.formats.schema_changes import (
     Fill,
     Plan,
     backfill_command,

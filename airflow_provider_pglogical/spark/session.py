@@ -12,7 +12,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.lake import SPARK_EXTENSIONS, LakeConfig
+from airflow_provider_pglogical.formats.lake import SPARK_EXTENSIONS, LakeConfig
 from airflow_provider_pglogical.spark import local_jars
 
 

@@ -29,7 +29,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from airflow_provider_pglogical.manifest import Manifest, TableManifest
+from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest
 from airflow_provider_pglogical.spark.changes import COMMIT_LSN, OLD, column
 from airflow_provider_pglogical.spark.iceberg import ApplyError, SchemaConflictError, widened
 

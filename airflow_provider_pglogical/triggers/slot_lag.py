@@ -10,9 +10,7 @@ from typing import Any
 import psycopg2
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_pglogical.errors import PgLogicalError, SlotNotFoundError
-from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.slot_health import (
+from airflow_provider_pglogical.engine.slot_health import (
     LagThresholds,
     Outcome,
     SlotHealth,
@@ -20,6 +18,8 @@ from airflow_provider_pglogical.slot_health import (
     assess_slot_async,
     decide,
 )
+from airflow_provider_pglogical.errors import PgLogicalError, SlotNotFoundError
+from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 
 
 class PgLogicalSlotLagTrigger(BaseTrigger):

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pglogical.commands import peek as peek_command
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.cli import peek as peek_command
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput import (
     BatchDecoder,
     PgOutputDecoder,

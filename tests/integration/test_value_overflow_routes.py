@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.manifest import sibling_name
+from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.pgoutput import BatchDecoder
 from airflow_provider_pglogical.testing import PostgresCluster
 

@@ -6,11 +6,15 @@ import json
 
 import pytest
 
-from airflow_provider_pglogical import lake
+from airflow_provider_pglogical.engine.lake_catalog import (
+    LakeCatalogError,
+    pyiceberg_properties,
+    sqlalchemy_url,
+)
+from airflow_provider_pglogical.formats import lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, LakeConfigError, local_lake
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook, connection_json
-from airflow_provider_pglogical.lake import LakeConfig, LakeConfigError, local_lake
-from airflow_provider_pglogical.lake_catalog import LakeCatalogError, pyiceberg_properties, sqlalchemy_url
-from airflow_provider_pglogical.lsn import Lsn
 
 
 def pipeline(applied: str, base: str = "0/10", batch: str = "b") -> dict[str, str]:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, TableManifest
 from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import ColumnManifest, Manifest, TableManifest
 from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
 from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
 from airflow_provider_pglogical.spark import JARS_ENV
@@ -70,7 +70,7 @@ def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
     assert call["args"][call["args"].index("--manifest") + 1] == path
     assert "s3cret" not in " ".join(call["args"])  # the secret travels in conf, which the hook masks
     assert call["jars"] == "/jars/iceberg.jar" and call["conn_id"] == "spark_local"
-    assert "airflow_provider_pglogical/lake.py" in call["shipped"]
+    assert "airflow_provider_pglogical/formats/lake.py" in call["shipped"]
     assert "airflow_provider_pglogical/spark/apply_batch.py" in call["shipped"]
 
 

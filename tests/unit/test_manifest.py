@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import (
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import (
     ColumnManifest,
     Manifest,
     ManifestFormatError,

@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import Manifest, TableManifest
-from airflow_provider_pglogical.schema_changes import (
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest
+from airflow_provider_pglogical.formats.schema_changes import (
     CatalogFacts,
     ColumnFacts,
     Fill,

@@ -1,4 +1,4 @@
-"""The PostgreSQL text -> Arrow conversions of ``types.py`` (values as the server prints them)."""
+"""The PostgreSQL text -> Arrow conversions of ``values/arrow_types.py`` (values as the server prints them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import struct
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.types import (
+from airflow_provider_pglogical.values.arrow_types import (
     UnrepresentableValueError,
     UnsupportedBinaryTypeError,
     arrow_type,

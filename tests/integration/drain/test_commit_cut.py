@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.drain import DrainResult, DrainSettings, drain_batch
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.engine.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import advance_slot, connect, create_slot
 from airflow_provider_pglogical.testing import PostgresCluster
 

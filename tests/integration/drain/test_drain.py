@@ -8,7 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.drain import DrainResult, DrainSettings, StagingNotWritableError, drain_batch
+from airflow_provider_pglogical.engine.drain import (
+    DrainResult,
+    DrainSettings,
+    StagingNotWritableError,
+    drain_batch,
+)
+from airflow_provider_pglogical.engine.staging import read_manifest
 from airflow_provider_pglogical.errors import PublicationNotFoundError, SlotActiveError, SlotNotFoundError
 from airflow_provider_pglogical.replication import (
     advance_slot,
@@ -17,7 +23,6 @@ from airflow_provider_pglogical.replication import (
     create_slot,
     describe_slot,
 )
-from airflow_provider_pglogical.staging import read_manifest
 from airflow_provider_pglogical.testing import PostgresCluster
 
 SCHEMA = """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.replication import connect, create_slot
 from airflow_provider_pglogical.testing import PostgresCluster
 

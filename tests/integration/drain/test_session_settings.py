@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.replication import connect, drop_slot
-from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.testing import PostgresCluster
 
 HOSTILE = (

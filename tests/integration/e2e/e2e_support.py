@@ -8,9 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from airflow_provider_pglogical.engine.lake_catalog import load_table, open_catalog, owned_tables, table_state
+from airflow_provider_pglogical.formats.lake import LakeConfig, TableState, local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.lake import LakeConfig, TableState, local_lake
-from airflow_provider_pglogical.lake_catalog import load_table, open_catalog, owned_tables, table_state
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH, job_py_files, local_jars
 
 

@@ -27,11 +27,11 @@ import psycopg2
 import pytest
 from e2e_support import lake_snapshots, lake_state, make_lake, spark_apply
 
-from airflow_provider_pglogical.demo_shop import PUBLICATION, TABLES, ShopWorkload
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.snapshot import take_snapshot
+from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_backfill"

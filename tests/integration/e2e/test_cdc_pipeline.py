@@ -15,14 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 from e2e_support import lake_state, make_lake, spark_apply
 
-from airflow_provider_pglogical.demo_shop import PUBLICATION, TABLES, ShopWorkload
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lake_catalog import latest_cut, open_catalog
-from airflow_provider_pglogical.manifest import table_dir_name
+from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.lake_catalog import latest_cut, open_catalog
+from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.manifest import table_dir_name
 from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_cdc"

@@ -14,12 +14,12 @@ import pytest
 from e2e_support import make_lake, spark_apply
 from psycopg2 import sql
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.lake_catalog import read_table
-from airflow_provider_pglogical.raw_text import raw_bytes
-from airflow_provider_pglogical.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.lake_catalog import read_table
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
+from airflow_provider_pglogical.values.raw_text import raw_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 TABLE = '"schéma"."tablé"'

@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.snapshot import SnapshotRun, jdbc_connection, take_snapshot
 from airflow_provider_pglogical.errors import NameEncodingError, PgLogicalError
-from airflow_provider_pglogical.manifest import Manifest
-from airflow_provider_pglogical.raw_text import escape_bytes, raw_bytes
+from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.replication import check_prerequisites, connect, drop_slot
-from airflow_provider_pglogical.snapshot import SnapshotRun, jdbc_connection, take_snapshot
 from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_pglogical.values.raw_text import escape_bytes, raw_bytes
 
 # Per encoding: schema, table and column names and text the encoding can hold.
 SAMPLES = {

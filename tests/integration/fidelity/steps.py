@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lake_catalog import unapplied_tables
-from airflow_provider_pglogical.manifest import Manifest
+from airflow_provider_pglogical.engine.lake_catalog import unapplied_tables
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.replication import advance_slot, connect
 
 

@@ -29,10 +29,10 @@ from seeds import parse_seeds
 from steps import acknowledge
 from workload import Transaction, Workload
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.manifest import Manifest
-from airflow_provider_pglogical.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
+from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import PostgresCluster

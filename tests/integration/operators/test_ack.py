@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.formats.lake import local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.lake import local_lake
 from airflow_provider_pglogical.operators.ack import (
     BatchNotAppliedError,
     ManifestSlotMismatchError,

@@ -33,18 +33,18 @@ from pyspark.sql import SparkSession
 from steps import acknowledge
 from workload import Transaction
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.lake_catalog import open_catalog, unapplied_tables
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.staging import read_manifest
 from airflow_provider_pglogical.errors import SlotActiveError
-from airflow_provider_pglogical.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.lake_catalog import open_catalog, unapplied_tables
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import Manifest
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.iceberg import ResnapshotNeededError
 from airflow_provider_pglogical.spark.session import register_lake
-from airflow_provider_pglogical.staging import read_manifest
 
 SLOT = "soak"
 CRASHES = ["drain_kill", "apply_kill", "ack_lost", "apply_twice", "resnapshot_race"]
@@ -53,7 +53,7 @@ CHANGE_KEY = ("_pgl_commit_lsn", "_pgl_seq")
 # One drain, run in its own process so that it can be SIGKILLed mid-window.
 DRAIN_SCRIPT = """
 import json, sys
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 args = json.loads(sys.argv[1])
 settings = DrainSettings(args["slot"], (args["publication"],), args["staging"], chunk_bytes=4096)
 drain_batch(args["dsn"], settings)

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.snapshot import SnapshotProgress, take_snapshot
 from airflow_provider_pglogical.errors import RECOVERY_DAG
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput import BatchDecoder
 from airflow_provider_pglogical.replication import connect, connect_replication, create_slot
-from airflow_provider_pglogical.snapshot import SnapshotProgress, take_snapshot
 from airflow_provider_pglogical.testing import PostgresCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -340,8 +340,8 @@ def unwritable_staging(env: Env) -> Outcome:
 
 
 def _lake_ack(env: Env, slot: str, manifest: str, lake_root: Path) -> Outcome:
+    from airflow_provider_pglogical.formats.lake import local_lake
     from airflow_provider_pglogical.hooks.lake import connection_json
-    from airflow_provider_pglogical.lake import local_lake
     from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
 
     env.monkeypatch.setenv("AIRFLOW_CONN_CATALOGUE_SRC", env.pg.uri(env.db))
@@ -372,7 +372,7 @@ def foreign_manifest(env: Env) -> Outcome:
 
 
 def incompatible_schema(env: Env) -> Outcome:
-    from airflow_provider_pglogical.lake import local_lake
+    from airflow_provider_pglogical.formats.lake import local_lake
     from airflow_provider_pglogical.spark.apply_batch import apply_manifest
     from airflow_provider_pglogical.spark.session import local_session, register_lake
 
@@ -486,7 +486,7 @@ def drain_cut(env: Env) -> Outcome:
             )
         )
     )
-    logger = logging.getLogger("airflow_provider_pglogical.drain")
+    logger = logging.getLogger("airflow_provider_pglogical.engine.drain")
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -40,7 +40,7 @@ from seeds import parse_seeds
 from soak_support import CRASHES, SoakPipeline, Writer
 from workload import Workload
 
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.testing import PostgresCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

@@ -19,13 +19,13 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.demo_shop import PUBLICATION, ShopWorkload
+from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
+from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.errors import PrivilegeError
+from airflow_provider_pglogical.formats.lake import local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.lake import local_lake
 from airflow_provider_pglogical.replication.publications import TableSpec, publish_tables
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "lp_cdc"

@@ -6,7 +6,7 @@ import psycopg2
 import pytest
 
 from airflow_provider_pglogical.errors import SlotActiveError, SlotExistsError, SlotNotFoundError
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import (
     advance_slot,
     connect,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_provider_pglogical.errors import SlotActiveError
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import connect, connect_replication, create_slot, describe_slot
 from airflow_provider_pglogical.replication.transports import (
     PeekTransport,

@@ -23,7 +23,7 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.testing import PostgresCluster
 
 PASSWORD = "s3cret-pass-7f1e"

@@ -8,7 +8,7 @@ import json
 import pytest
 from slot_lag_support import PASSWORD, PublishedSlot
 
-from airflow_provider_pglogical.commands.lag import register
+from airflow_provider_pglogical.cli.lag import register
 from airflow_provider_pglogical.errors import SlotNotFoundError
 
 pytestmark = pytest.mark.integration

@@ -16,6 +16,7 @@ import psycopg2.extensions
 import pytest
 from snapshot_helpers import staged_table
 
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.errors import PgLogicalError, SlotExistsError, SlotNotFoundError
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.replication import (
@@ -25,7 +26,6 @@ from airflow_provider_pglogical.replication import (
     describe_slot,
     publish_tables,
 )
-from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration

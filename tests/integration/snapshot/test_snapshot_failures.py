@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_pglogical.engine.snapshot import (
+    RowSecurityError,
+    SnapshotLostError,
+    SnapshotProgress,
+    TableDroppedError,
+    take_snapshot,
+)
 from airflow_provider_pglogical.errors import (
     PgLogicalError,
     PrivilegeError,
     PublicationEmptyError,
     PublicationNotFoundError,
     SlotExistsError,
-)
-from airflow_provider_pglogical.snapshot import (
-    RowSecurityError,
-    SnapshotLostError,
-    SnapshotProgress,
-    TableDroppedError,
-    take_snapshot,
 )
 from airflow_provider_pglogical.testing import PostgresCluster
 

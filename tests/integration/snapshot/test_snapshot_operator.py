@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import pytest
 from snapshot_helpers import load_manifest, sorted_rows, staged_table
 
-from airflow_provider_pglogical.manifest import is_sibling
+from airflow_provider_pglogical.formats.manifest import is_sibling
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.testing import PostgresCluster
 

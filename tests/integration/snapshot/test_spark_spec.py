@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_pglogical.engine.snapshot import SnapshotRun, jdbc_connection
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.snapshot import SnapshotRun, jdbc_connection
 from airflow_provider_pglogical.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.lake import LakeConfig, local_lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.spark.session import local_session, register_lake
 
 # --import-mode=importlib keeps test directories off sys.path; the tests here share spark_staging.py.

@@ -15,8 +15,8 @@ from pyspark.sql import functions as sf
 from pyspark.sql.types import BooleanType
 from spark_staging import TableDef
 
-from airflow_provider_pglogical.lake import LakeConfig, TableState, tag_name
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lake import LakeConfig, TableState, tag_name
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark.iceberg import IcebergTables
 
 

@@ -32,8 +32,8 @@ from spark_staging import (
     upd,
 )
 
-from airflow_provider_pglogical.lake import LakeConfig, tag_name
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH, iceberg, job_py_files, local_jars
 from airflow_provider_pglogical.spark import apply_batch as job
 

@@ -13,8 +13,8 @@ from iceberg_support import LakeReader
 from pyspark.sql import SparkSession
 from spark_staging import ORDERS, Row, Stager, TableDef, dele, ins, model_apply, rows_of, upd
 
-from airflow_provider_pglogical.lake import LakeConfig, tag_name
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark import apply_batch, maintain_lake
 from airflow_provider_pglogical.spark.iceberg import IcebergTables
 

@@ -19,16 +19,16 @@ from iceberg_support import LakeReader
 from pyspark.sql import SparkSession
 from spark_staging import Change, Part, Row, Stager, TableDef, dele, ins, multiset_apply, trunc, upd
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import advance_slot, connect
-from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark import apply_batch as job
 from airflow_provider_pglogical.spark import iceberg
 from airflow_provider_pglogical.spark.iceberg import ApplyError
 from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
 
 S0 = 0x1000_0000
 LOG = TableDef("public", "log", [("k", pa.string()), ("v", pa.int32())], [])  # DEFAULT, no key

@@ -36,8 +36,8 @@ from spark_staging import (
     upd,
 )
 
-from airflow_provider_pglogical.lake import LakeConfig, local_lake, tag_name
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake, tag_name
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark import apply_batch as job
 from airflow_provider_pglogical.spark import iceberg
 from airflow_provider_pglogical.spark.session import register_lake

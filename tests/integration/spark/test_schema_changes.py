@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lake_catalog import unapplied_tables
-from airflow_provider_pglogical.manifest import Manifest
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.lake_catalog import unapplied_tables
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.staging import read_manifest
+from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.replication import advance_slot, connect
-from airflow_provider_pglogical.snapshot import take_snapshot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.iceberg import ResnapshotNeededError
-from airflow_provider_pglogical.staging import read_manifest
 from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
 
 SLOT = "schema_cdc"
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

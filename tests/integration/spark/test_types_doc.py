@@ -19,11 +19,11 @@ from pg_text import lake_vs_postgres
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lake_catalog import load_table, open_catalog, read_table
-from airflow_provider_pglogical.manifest import sibling_name
-from airflow_provider_pglogical.snapshot import take_snapshot
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.lake_catalog import load_table, open_catalog, read_table
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.testing import PostgresCluster
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "pgoutput"
 SCENARIOS = ("proto1", "binary", "stream", "two_phase")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from airflow_provider_pglogical.engine.sequencing import MemoryBudget, Piece, Sequencer, SequencingError
 from airflow_provider_pglogical.pgoutput import BatchDecoder
 from airflow_provider_pglogical.replication.transports import RawMessages
-from airflow_provider_pglogical.sequencing import MemoryBudget, Piece, Sequencer, SequencingError
 
 from .conftest import Capture
 

@@ -16,11 +16,7 @@ from airflow.sdk.module_loading import import_string
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_pglogical.errors import SlotLostError, SlotNotFoundError
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.replication.slots import SlotInfo
-from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
-from airflow_provider_pglogical.slot_health import (
+from airflow_provider_pglogical.engine.slot_health import (
     LagThresholds,
     Outcome,
     SlotHealth,
@@ -36,6 +32,10 @@ from airflow_provider_pglogical.slot_health import (
     publication_names_option,
     wal_safety,
 )
+from airflow_provider_pglogical.errors import SlotLostError, SlotNotFoundError
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.replication.slots import SlotInfo
+from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
 from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
 
 CLASSPATH = "airflow_provider_pglogical.triggers.slot_lag.PgLogicalSlotLagTrigger"
@@ -251,7 +251,7 @@ def test_decision_survives_the_event_round_trip() -> None:
 def test_importing_the_sensor_stays_light_for_dag_parsing() -> None:
     """The sensor is imported by every DAG file that uses it: no pyarrow/numpy (about a second)."""
     code = (
-        "import sys, airflow_provider_pglogical.sensors.slot_lag, airflow_provider_pglogical.commands.lag; "
+        "import sys, airflow_provider_pglogical.sensors.slot_lag, airflow_provider_pglogical.cli.lag; "
         "heavy = {'pyarrow', 'numpy'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)

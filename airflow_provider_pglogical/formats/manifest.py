@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.schema_changes import CatalogFacts, RelationVersion
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.schema_changes import CatalogFacts, RelationVersion
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "_manifest.json"

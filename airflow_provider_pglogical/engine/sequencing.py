@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication.transports import RawMessages
 
 log = logging.getLogger(__name__)

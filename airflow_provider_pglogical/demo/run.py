@@ -21,12 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from airflow_provider_pglogical.demo_shop import PUBLICATION, ShopWorkload
+from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
+from airflow_provider_pglogical.engine.lake_catalog import latest_cut
+from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.formats.lake import local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.lake import local_lake
-from airflow_provider_pglogical.lake_catalog import latest_cut
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from airflow_provider_pglogical.verify import compare_tables, format_report
 
 DAGS = Path(__file__).resolve().parent.parent / "dags_examples"
 

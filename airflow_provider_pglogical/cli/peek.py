@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow_provider_pglogical.commands.common import add_connection_arguments, open_connection
-from airflow_provider_pglogical.lsn import Lsn
+from airflow_provider_pglogical.cli.common import add_connection_arguments, open_connection
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput import (
     Begin,
     Commit,

@@ -15,11 +15,11 @@ from urllib.parse import quote, urlparse
 
 import pyarrow as pa
 
-from airflow_provider_pglogical import lake
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.lake import LakeConfig, TableState
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import Manifest, encode_name_part
+from airflow_provider_pglogical.formats import lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, TableState
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import Manifest, encode_name_part
 
 
 class LakeCatalogError(PgLogicalError):

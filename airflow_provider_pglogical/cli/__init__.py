@@ -1,6 +1,6 @@
 """The ``pglogical`` command: operate and debug logical replication from a terminal.
 
-Each subcommand lives in ``airflow_provider_pglogical.commands.<module>`` and registers
+Each subcommand lives in ``airflow_provider_pglogical.cli.<module>`` and registers
 itself; every one takes ``--dsn`` or ``--conn-id`` and ``--json``, and exits non-zero on
 failure.
 """
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"airflow_provider_pglogical.commands.{name}").register(subparsers)
+        importlib.import_module(f"airflow_provider_pglogical.cli.{name}").register(subparsers)
     return parser
 
 

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.manifest import SIBLING_SUFFIX as SUFFIX
-from airflow_provider_pglogical.manifest import ColumnManifest, is_sibling, sibling_name
-from airflow_provider_pglogical.types import (
+from airflow_provider_pglogical.formats.manifest import SIBLING_SUFFIX as SUFFIX
+from airflow_provider_pglogical.formats.manifest import ColumnManifest, is_sibling, sibling_name
+from airflow_provider_pglogical.values.arrow_types import (
     binary_to_arrow_with_overflow,
     can_overflow,
     text_to_arrow_with_overflow,

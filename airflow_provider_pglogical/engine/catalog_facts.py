@@ -15,11 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.manifest import TableManifest
-from airflow_provider_pglogical.schema_changes import CatalogFacts, ColumnFacts
-from airflow_provider_pglogical.staging import PartFileWriter, StagingLocation
-from airflow_provider_pglogical.types import text_to_arrow
+from airflow_provider_pglogical.formats.manifest import TableManifest
+from airflow_provider_pglogical.formats.schema_changes import CatalogFacts, ColumnFacts
+from airflow_provider_pglogical.values.arrow_types import text_to_arrow
 
 log = logging.getLogger(__name__)
 

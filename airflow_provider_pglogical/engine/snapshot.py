@@ -43,7 +43,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from psycopg2 import sql
 
-from airflow_provider_pglogical import overflow
+from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
+from airflow_provider_pglogical.engine.staging import DEFAULT_MAX_FILE_BYTES, PartFileWriter, StagingLocation
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
     ConnectionLostError,
@@ -56,8 +57,8 @@ from airflow_provider_pglogical.errors import (
     SlotNotFoundError,
     StagingNotWritableError,
 )
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import (
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import (
     MANIFEST_NAME,
     ColumnManifest,
     Manifest,
@@ -67,7 +68,6 @@ from airflow_provider_pglogical.manifest import (
     snapshot_batch_id,
     table_dir_name,
 )
-from airflow_provider_pglogical.raw_text import escape_raw_text
 from airflow_provider_pglogical.replication import connect, connect_replication
 from airflow_provider_pglogical.replication.connection import (
     SESSION_OPTIONS,
@@ -86,9 +86,9 @@ from airflow_provider_pglogical.replication.slots import (
     drop_slot,
     validate_slot_name,
 )
-from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES
-from airflow_provider_pglogical.staging import DEFAULT_MAX_FILE_BYTES, PartFileWriter, StagingLocation
-from airflow_provider_pglogical.types import arrow_type, pg_type_name
+from airflow_provider_pglogical.values import overflow
+from airflow_provider_pglogical.values.arrow_types import arrow_type, pg_type_name
+from airflow_provider_pglogical.values.raw_text import escape_raw_text
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",

@@ -11,13 +11,13 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_pglogical.commands.common import (
+from airflow_provider_pglogical.cli.common import (
     add_connection_arguments,
     add_output_arguments,
     open_connection,
     print_rows,
 )
-from airflow_provider_pglogical.slot_health import (
+from airflow_provider_pglogical.engine.slot_health import (
     SlotHealth,
     WalRisk,
     assess_slot,

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from airflow_provider_pglogical.commands.common import (
+from airflow_provider_pglogical.cli.common import (
     add_connection_arguments,
     add_output_arguments,
     open_connection,

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical.manifest import MANIFEST_NAME, Manifest
+from airflow_provider_pglogical.formats.manifest import MANIFEST_NAME, Manifest
 
 DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
 # Object stores replace an object in one PUT, so writing the manifest in place is atomic there;

@@ -26,8 +26,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from airflow_provider_pglogical import overflow
-from airflow_provider_pglogical.catalog_facts import record_catalog_facts
+from airflow_provider_pglogical.engine.catalog_facts import record_catalog_facts
+from airflow_provider_pglogical.engine.sequencing import (
+    DEFAULT_MAX_MEMORY_BYTES,
+    MemoryBudget,
+    Piece,
+    Sequencer,
+)
+from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
     PgLogicalError,
@@ -35,14 +41,15 @@ from airflow_provider_pglogical.errors import (
     SlotLostError,
     StagingNotWritableError,
 )
-from airflow_provider_pglogical.lsn import Lsn
-from airflow_provider_pglogical.manifest import (
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.formats.manifest import (
     ColumnManifest,
     Manifest,
     ManifestStats,
     TableManifest,
     table_dir_name,
 )
+from airflow_provider_pglogical.formats.schema_changes import RelationVersion, SourceColumn
 from airflow_provider_pglogical.pgoutput import BatchDecoder, DecodedBatch, Relation, TableChanges
 from airflow_provider_pglogical.replication import (
     connect,
@@ -58,10 +65,8 @@ from airflow_provider_pglogical.replication.transports import (
     StreamingTransport,
     plugin_options,
 )
-from airflow_provider_pglogical.schema_changes import RelationVersion, SourceColumn
-from airflow_provider_pglogical.sequencing import DEFAULT_MAX_MEMORY_BYTES, MemoryBudget, Piece, Sequencer
-from airflow_provider_pglogical.staging import PartFileWriter, StagingLocation
-from airflow_provider_pglogical.types import pg_type_name
+from airflow_provider_pglogical.values import overflow
+from airflow_provider_pglogical.values.arrow_types import pg_type_name
 
 log = logging.getLogger(__name__)
 

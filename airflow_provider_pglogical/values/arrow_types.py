@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.pgtypes import ARRAY_ELEMENT, numeric_precision_scale, pg_type_name
+from airflow_provider_pglogical.formats.pgtypes import ARRAY_ELEMENT, numeric_precision_scale, pg_type_name
 
 __all__ = [
     "UnrepresentableValueError",

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_pglogical.pgtypes import numeric_precision_scale, pg_type_text
+from airflow_provider_pglogical.formats.pgtypes import numeric_precision_scale, pg_type_text
 
 BACKFILL_DAG = "pglogical_backfill_tables"
 

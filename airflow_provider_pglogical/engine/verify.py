@@ -21,12 +21,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical.lake import LakeConfig
-from airflow_provider_pglogical.lake_catalog import Cut, read_table
-from airflow_provider_pglogical.manifest import is_sibling, sibling_name
+from airflow_provider_pglogical.engine.lake_catalog import Cut, read_table
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.manifest import is_sibling, sibling_name
 from airflow_provider_pglogical.replication import connect, drop_slot
 from airflow_provider_pglogical.replication.connection import ConnParams
-from airflow_provider_pglogical.snapshot import take_snapshot
 
 
 @dataclass(frozen=True, slots=True)

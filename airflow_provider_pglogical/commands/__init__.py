@@ -1,1 +1,0 @@
-"""Subcommands of the ``pglogical`` CLI, one module each, each exposing ``register(subparsers)``."""

@@ -1,0 +1,1 @@
+"""``make demo``: a shop database mirrored into a local Iceberg lake by the example DAGs."""
