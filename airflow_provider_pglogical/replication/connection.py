@@ -21,7 +21,7 @@ KEEPALIVE_DEFAULTS: dict[str, Any] = {
 }
 
 # ISO dates, UTC, ISO-8601 intervals, hex bytea and exact floats make the text form of values
-# stable, which the type conversion (values/arrow_types.py) relies on, whatever the server's, database's, role's
+# stable, which values/arrow_types.py relies on, whatever the server's, database's, role's
 # or connection's defaults are: they come last in ``options``, so nothing overrides them.
 # client_encoding=UTF8 makes the server convert text (values, and names in pgoutput's Relation
 # messages: pgoutput converts to the session's client encoding too) from the database's

@@ -1,4 +1,4 @@
-"""Fixtures: the captured server messages of ``tests/data/pgoutput``."""
+"""Unit-test fixtures: the captured server messages of ``tests/data/pgoutput``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_pglogical.formats.lsn import Lsn
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "pgoutput"
+DATA = Path(__file__).resolve().parents[1] / "data" / "pgoutput"
 SCENARIOS = ("proto1", "binary", "stream", "two_phase")
 
 

@@ -14,7 +14,7 @@ from airflow_provider_pglogical.engine.sequencing import MemoryBudget, Piece, Se
 from airflow_provider_pglogical.pgoutput import BatchDecoder
 from airflow_provider_pglogical.replication.transports import RawMessages
 
-from .conftest import Capture
+from ..conftest import Capture
 
 
 def _chunks(capture: Capture, size: int) -> list[RawMessages]:

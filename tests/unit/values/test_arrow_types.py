@@ -1,4 +1,4 @@
-"""The PostgreSQL text -> Arrow conversions of ``values/arrow_types.py`` (values as the server prints them)."""
+"""PostgreSQL text -> Arrow conversions (values/arrow_types.py), values as the server prints them."""
 
 from __future__ import annotations
 
