@@ -69,3 +69,81 @@ class StagingNotWritableError(PgLogicalError):
 
 class ConnectionLostError(PgLogicalError):
     """The connection to PostgreSQL broke mid-read (server restart, terminated backend, network)."""
+
+
+class LakeConfigError(PgLogicalError, ValueError):
+    """The lake (Iceberg catalog) configuration is incomplete or malformed."""
+
+
+class LakeCatalogError(PgLogicalError):
+    """The lake's Iceberg catalog cannot be opened or read from Python (pyiceberg)."""
+
+
+class ManifestFormatError(PgLogicalError, ValueError):
+    """A manifest's JSON does not follow format version 1 (missing key, wrong kind or version)."""
+
+
+class BatchNotAppliedError(PgLogicalError):
+    """Not every lake table holds the batch yet; the slot must not move."""
+
+
+class ManifestSlotMismatchError(PgLogicalError):
+    """The manifest given to an ack belongs to another slot."""
+
+
+class SlotNotAcknowledgedError(PgLogicalError):
+    """The slot has no confirmed position, so no staged batch can be known acknowledged."""
+
+
+class ReservedColumnNameError(PgLogicalError):
+    """A source column name ends with the reserved overflow suffix."""
+
+
+class TransportError(PgLogicalError):
+    """The server ended or garbled a replication stream."""
+
+
+class UnrepresentableValueError(PgLogicalError):
+    """A value has no exact representation in its column's Arrow type (e.g. ``'infinity'::date``)."""
+
+    def __init__(self, type_name: str, lake_type: str, values: list[str]) -> None:
+        self.type_name = type_name
+        self.values = values
+        shown = ", ".join(repr(v) for v in values[:5])
+        super().__init__(
+            f"{len(values)} value(s) of type {type_name} cannot be held by "
+            f"{lake_type} without loss: {shown}. Store them via "
+            "text_to_arrow_with_overflow, or change the column (e.g. to text) in the source."
+        )
+
+
+class UnsupportedBinaryTypeError(PgLogicalError):
+    """A value arrived in binary format (pgoutput ``binary``) for a type we only read as text."""
+
+
+class ApplyError(PgLogicalError):
+    """A failure the user must act on; the job prints the message and exits with status 2."""
+
+
+class SchemaConflictError(ApplyError):
+    """A column's type changed in a way the lake table cannot hold."""
+
+
+class ResnapshotNeededError(SchemaConflictError):
+    """A schema change whose effect on existing rows the stream cannot show: re-snapshot the table."""
+
+
+class ConcurrentWriteError(ApplyError):
+    """Another writer committed the table first: redo the table from its new state."""
+
+
+class CatalogError(ApplyError):
+    """The Iceberg catalog cannot be reached or is not configured in this Spark session."""
+
+
+class MaintenanceError(PgLogicalError):
+    """The maintenance job was called wrongly (a bad argument); nothing was changed."""
+
+
+class JobSpecError(Exception):
+    """The spec asks for something this job cannot do (exit status 2)."""

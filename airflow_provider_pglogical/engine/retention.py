@@ -26,8 +26,9 @@ from datetime import UTC, datetime, timedelta
 import pyarrow.fs as pafs
 
 from airflow_provider_pglogical.engine.staging import StagingLocation
+from airflow_provider_pglogical.errors import ManifestFormatError
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import Manifest, ManifestFormatError
+from airflow_provider_pglogical.formats.manifest import Manifest
 
 log = logging.getLogger("pglogical.retention")
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import LakeConfigError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import encode_name_part
 
@@ -41,10 +41,6 @@ SOURCE_COLUMNS = "pgl.source-columns"
 OWNER_PROPERTY = "pglogical.slot"
 CHANGELOG_SUFFIX = "__pgl_changelog"
 TAG_PREFIX = "pgl_"
-
-
-class LakeConfigError(PgLogicalError, ValueError):
-    """The lake (Iceberg catalog) configuration is incomplete or malformed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import ManifestFormatError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.schema_changes import CatalogFacts, RelationVersion
 
@@ -25,10 +25,6 @@ ReplicaIdentity = Literal["d", "f", "i", "n"]
 
 # Characters that would make a table directory name ambiguous ("." separates schema and table).
 _ENCODED = {"%": "%25", "/": "%2F", ".": "%2E"}
-
-
-class ManifestFormatError(PgLogicalError, ValueError):
-    """A manifest's JSON does not follow format version 1 (missing key, wrong kind or version)."""
 
 
 def encode_name_part(name: str) -> str:

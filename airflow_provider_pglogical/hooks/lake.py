@@ -7,7 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_pglogical.formats.lake import LakeConfig, LakeConfigError
+from airflow_provider_pglogical.errors import LakeConfigError
+from airflow_provider_pglogical.formats.lake import LakeConfig
 
 # Which catalog property the connection's password fills, by catalog type.
 _SECRET_PROPERTY = {"jdbc": "jdbc.password", "rest": "token", "nessie": "token"}

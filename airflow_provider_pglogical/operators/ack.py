@@ -9,17 +9,9 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pglogical.engine.lake_catalog import unapplied_tables
 from airflow_provider_pglogical.engine.staging import read_manifest
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import BatchNotAppliedError, ManifestSlotMismatchError
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-
-
-class BatchNotAppliedError(PgLogicalError):
-    """Not every lake table holds the batch yet; the slot must not move."""
-
-
-class ManifestSlotMismatchError(PgLogicalError):
-    """The manifest given to an ack belongs to another slot."""
 
 
 class PgLogicalAckOperator(BaseOperator):

@@ -14,15 +14,11 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pglogical.engine.retention import prune_staging
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import SlotNotAcknowledgedError
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_pglogical.spark import MAINTAIN_JOB_PATH
-
-
-class SlotNotAcknowledgedError(PgLogicalError):
-    """The slot has no confirmed position, so no staged batch can be known acknowledged."""
 
 
 class PgLogicalLakeMaintenanceOperator(LakeSparkJobOperator):

@@ -42,9 +42,9 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import (
     ConnectionLostError,
-    PgLogicalError,
     SlotActiveError,
     SlotNotFoundError,
+    TransportError,
 )
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication.connection import (
@@ -65,10 +65,6 @@ _ROW_HEAD = struct.Struct("!hiQiIi")
 _ROW_HEAD_SIZE = _ROW_HEAD.size
 _BEGIN_FINAL_LSN = struct.Struct("!Q")  # at byte 1 of Begin
 _STREAM_COMMIT_LSN = struct.Struct("!Q")  # at byte 6 of Stream Commit, after the xid and flags
-
-
-class TransportError(PgLogicalError):
-    """The server ended or garbled a replication stream."""
 
 
 @dataclass(slots=True)

@@ -42,6 +42,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from airflow_provider_pglogical.errors import ApplyError, ConcurrentWriteError, SchemaConflictError
 from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.lsn import ZERO, Lsn
@@ -57,15 +58,7 @@ from airflow_provider_pglogical.spark.changes import (
     key_struct,
     net_effect,
 )
-from airflow_provider_pglogical.spark.iceberg import (
-    ApplyError,
-    ConcurrentWriteError,
-    IcebergTables,
-    SchemaConflictError,
-    is_conflict,
-    quote,
-    temp_view,
-)
+from airflow_provider_pglogical.spark.iceberg import IcebergTables, is_conflict, quote, temp_view
 from airflow_provider_pglogical.spark.job import job_parser, run_job
 from airflow_provider_pglogical.spark.schema_evolution import plan_schema_changes
 from airflow_provider_pglogical.spark.staged import (

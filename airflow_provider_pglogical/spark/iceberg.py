@@ -30,7 +30,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import ApplyError, CatalogError, SchemaConflictError
 from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig, TableState
 from airflow_provider_pglogical.formats.lsn import Lsn
@@ -53,26 +53,6 @@ _CONFLICTS = (
 )
 _INTEGRAL: dict[type[DataType], int] = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
 _FLOATING: dict[type[DataType], int] = {FloatType: 4, DoubleType: 8}
-
-
-class ApplyError(PgLogicalError):
-    """A failure the user must act on; the job prints the message and exits with status 2."""
-
-
-class SchemaConflictError(ApplyError):
-    """A column's type changed in a way the lake table cannot hold."""
-
-
-class ResnapshotNeededError(SchemaConflictError):
-    """A schema change whose effect on existing rows the stream cannot show: re-snapshot the table."""
-
-
-class ConcurrentWriteError(ApplyError):
-    """Another writer committed the table first: redo the table from its new state."""
-
-
-class CatalogError(ApplyError):
-    """The Iceberg catalog cannot be reached or is not configured in this Spark session."""
 
 
 def quote(name: str) -> str:

@@ -45,7 +45,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import Row, SparkSession
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import MaintenanceError
 from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.lsn import Lsn
@@ -68,10 +68,6 @@ REWRITE_OPTIONS = {"delete-file-threshold": "1", "remove-dangling-deletes": "tru
 # once the data rewrite folded them in) drops those whose data files are gone.
 DELETE_REWRITE_OPTIONS = {"rewrite-all": "true"}
 _MERGE_ON_READ = "merge-on-read"
-
-
-class MaintenanceError(PgLogicalError):
-    """The maintenance job was called wrongly (a bad argument); nothing was changed."""
 
 
 @dataclass

@@ -25,6 +25,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType, DataType, DoubleType, FloatType, MapType, StructField, StructType
 
+from airflow_provider_pglogical.errors import ApplyError
 from airflow_provider_pglogical.formats.manifest import SIBLING_SUFFIX, TableManifest
 from airflow_provider_pglogical.spark.changes import (
     OLD,
@@ -35,7 +36,7 @@ from airflow_provider_pglogical.spark.changes import (
     last_truncate,
     order_after,
 )
-from airflow_provider_pglogical.spark.iceberg import ApplyError, quote, temp_view
+from airflow_provider_pglogical.spark.iceberg import quote, temp_view
 
 DELTA = "_pgl_x_delta"  # inserts - deletes of one distinct row value
 COUNT = "_pgl_x_count"  # rows of that value the table holds before the batch

@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import StructType
 
+from airflow_provider_pglogical.errors import ResnapshotNeededError
 from airflow_provider_pglogical.formats.lake import TableState
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest, sibling_name
@@ -30,7 +31,7 @@ from airflow_provider_pglogical.formats.schema_changes import (
     plan,
 )
 from airflow_provider_pglogical.spark.changes import OLD, column
-from airflow_provider_pglogical.spark.iceberg import IcebergTables, ResnapshotNeededError, quote, temp_view
+from airflow_provider_pglogical.spark.iceberg import IcebergTables, quote, temp_view
 from airflow_provider_pglogical.spark.staged import files_reaching, parquet_reader
 
 log = logging.getLogger("pglogical.apply")

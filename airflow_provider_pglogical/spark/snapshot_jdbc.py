@@ -35,6 +35,8 @@ from pyspark import SparkFiles
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
+from airflow_provider_pglogical.errors import JobSpecError
+
 PASSWORD_ENV = (
     "PGLOGICAL_JDBC_PASSWORD"  # snapshot.SPARK_PASSWORD_ENV: this file imports nothing of the package
 )
@@ -62,10 +64,6 @@ _FITS = {
     ),
     "decimal": r"^-?[0-9]+(\.[0-9]+)?$",
 }
-
-
-class JobSpecError(Exception):
-    """The spec asks for something this job cannot do (exit status 2)."""
 
 
 def spark_type(arrow_type: str) -> str | None:

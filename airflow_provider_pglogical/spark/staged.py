@@ -29,9 +29,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from airflow_provider_pglogical.errors import ApplyError, SchemaConflictError
 from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest
 from airflow_provider_pglogical.spark.changes import COMMIT_LSN, OLD, column
-from airflow_provider_pglogical.spark.iceberg import ApplyError, SchemaConflictError, widened
+from airflow_provider_pglogical.spark.iceberg import widened
 
 
 def read_text(spark: SparkSession, path: str) -> str | None:

@@ -63,7 +63,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import (
+    UnrepresentableValueError,
+    UnsupportedBinaryTypeError,
+)
 from airflow_provider_pglogical.formats.pgtypes import ARRAY_ELEMENT, numeric_precision_scale, pg_type_name
 
 __all__ = [
@@ -77,25 +80,6 @@ __all__ = [
     "text_to_arrow",
     "text_to_arrow_with_overflow",
 ]
-
-
-class UnrepresentableValueError(PgLogicalError):
-    """A value has no exact representation in its column's Arrow type (e.g. ``'infinity'::date``)."""
-
-    def __init__(self, type_oid: int, typmod: int, values: list[str]) -> None:
-        self.type_oid = type_oid
-        self.typmod = typmod
-        self.values = values
-        shown = ", ".join(repr(v) for v in values[:5])
-        super().__init__(
-            f"{len(values)} value(s) of type {pg_type_name(type_oid)} cannot be held by "
-            f"{arrow_type(type_oid, typmod)} without loss: {shown}. Store them via "
-            "text_to_arrow_with_overflow, or change the column (e.g. to text) in the source."
-        )
-
-
-class UnsupportedBinaryTypeError(PgLogicalError):
-    """A value arrived in binary format (pgoutput ``binary``) for a type we only read as text."""
 
 
 _SCALAR_ARROW: dict[int, pa.DataType] = {
@@ -123,6 +107,11 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX_NIBBLE[_c] = _i
 for _i, _c in enumerate(b"ABCDEF"):
     _HEX_NIBBLE[_c] = 10 + _i
+
+
+def _unrepresentable(type_oid: int, typmod: int, overflow: pa.Array) -> UnrepresentableValueError:
+    values = [value for value in overflow.to_pylist() if value is not None]
+    return UnrepresentableValueError(pg_type_name(type_oid), str(arrow_type(type_oid, typmod)), values)
 
 
 def _numeric_type(typmod: int) -> pa.DataType:
@@ -168,7 +157,7 @@ def text_to_arrow(values: pa.Array, type_oid: int, typmod: int) -> pa.Array:
     """
     typed, overflow = text_to_arrow_with_overflow(values, type_oid, typmod)
     if overflow is not None:
-        raise UnrepresentableValueError(type_oid, typmod, [v for v in overflow.to_pylist() if v is not None])
+        raise _unrepresentable(type_oid, typmod, overflow)
     return typed
 
 
@@ -361,7 +350,7 @@ def binary_to_arrow(values: pa.Array, type_oid: int, typmod: int) -> pa.Array:
     :class:`UnrepresentableValueError`."""
     typed, overflow = binary_to_arrow_with_overflow(values, type_oid, typmod)
     if overflow is not None:
-        raise UnrepresentableValueError(type_oid, typmod, [v for v in overflow.to_pylist() if v is not None])
+        raise _unrepresentable(type_oid, typmod, overflow)
     return typed
 
 

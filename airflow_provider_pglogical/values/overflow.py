@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import ReservedColumnNameError
 from airflow_provider_pglogical.formats.manifest import SIBLING_SUFFIX as SUFFIX
 from airflow_provider_pglogical.formats.manifest import ColumnManifest, is_sibling, sibling_name
 from airflow_provider_pglogical.values.arrow_types import (
@@ -30,10 +30,6 @@ from airflow_provider_pglogical.values.arrow_types import (
 )
 
 _TEXT_OID = 25
-
-
-class ReservedColumnNameError(PgLogicalError):
-    """A source column name ends with the reserved overflow suffix."""
 
 
 def check_names(table: str, names: Iterable[str]) -> None:

@@ -7,13 +7,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.errors import BatchNotAppliedError, ManifestSlotMismatchError
 from airflow_provider_pglogical.formats.lake import local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.operators.ack import (
-    BatchNotAppliedError,
-    ManifestSlotMismatchError,
-    PgLogicalAckOperator,
-)
+from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
 from airflow_provider_pglogical.replication import connect, create_slot, describe_slot
 from airflow_provider_pglogical.testing import PostgresCluster
 

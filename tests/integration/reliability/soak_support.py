@@ -37,13 +37,12 @@ from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.lake_catalog import open_catalog, unapplied_tables
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.staging import read_manifest
-from airflow_provider_pglogical.errors import SlotActiveError
+from airflow_provider_pglogical.errors import ResnapshotNeededError, SlotActiveError
 from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.spark.iceberg import ResnapshotNeededError
 from airflow_provider_pglogical.spark.session import register_lake
 
 SLOT = "soak"

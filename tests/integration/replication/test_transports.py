@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_pglogical.errors import SlotActiveError
+from airflow_provider_pglogical.errors import SlotActiveError, TransportError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import connect, connect_replication, create_slot, describe_slot
 from airflow_provider_pglogical.replication.transports import (
@@ -14,7 +14,6 @@ from airflow_provider_pglogical.replication.transports import (
     RawMessages,
     ReadResult,
     StreamingTransport,
-    TransportError,
     plugin_options,
 )
 from airflow_provider_pglogical.testing import PostgresCluster

@@ -22,12 +22,12 @@ from spark_staging import Change, Part, Row, Stager, TableDef, dele, ins, multis
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.errors import ApplyError
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import advance_slot, connect
 from airflow_provider_pglogical.spark import apply_batch as job
 from airflow_provider_pglogical.spark import iceberg
-from airflow_provider_pglogical.spark.iceberg import ApplyError
 from airflow_provider_pglogical.testing import PostgresCluster
 
 S0 = 0x1000_0000

@@ -18,11 +18,11 @@ from airflow_provider_pglogical.engine.lake_catalog import unapplied_tables
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.staging import read_manifest
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.errors import ResnapshotNeededError
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.replication import advance_slot, connect
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.spark.iceberg import ResnapshotNeededError
 from airflow_provider_pglogical.testing import PostgresCluster
 
 SLOT = "schema_cdc"

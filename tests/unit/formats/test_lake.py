@@ -6,13 +6,10 @@ import json
 
 import pytest
 
-from airflow_provider_pglogical.engine.lake_catalog import (
-    LakeCatalogError,
-    pyiceberg_properties,
-    sqlalchemy_url,
-)
+from airflow_provider_pglogical.engine.lake_catalog import pyiceberg_properties, sqlalchemy_url
+from airflow_provider_pglogical.errors import LakeCatalogError, LakeConfigError
 from airflow_provider_pglogical.formats import lake
-from airflow_provider_pglogical.formats.lake import LakeConfig, LakeConfigError, local_lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook, connection_json
 

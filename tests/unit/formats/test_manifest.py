@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from airflow_provider_pglogical.errors import ManifestFormatError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import (
     ColumnManifest,
     Manifest,
-    ManifestFormatError,
     ManifestStats,
     TableManifest,
     change_batch_id,

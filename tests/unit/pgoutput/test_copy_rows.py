@@ -9,7 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from airflow_provider_pglogical.replication.transports import TransportError, _split_rows
+from airflow_provider_pglogical.errors import TransportError
+from airflow_provider_pglogical.replication.transports import _split_rows
 
 _HEAD = struct.Struct("!hiQiIi")
 

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from airflow_provider_pglogical.errors import UnsupportedBinaryTypeError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput import (
     PG_EPOCH_US,
@@ -42,7 +43,6 @@ from airflow_provider_pglogical.pgoutput import (
     assemble,
     transactions_to_tables,
 )
-from airflow_provider_pglogical.values.arrow_types import UnsupportedBinaryTypeError
 
 
 def decode_all(capture: Any) -> list[Message]:

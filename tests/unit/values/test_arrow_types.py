@@ -10,9 +10,8 @@ import struct
 import pyarrow as pa
 import pytest
 
+from airflow_provider_pglogical.errors import UnrepresentableValueError, UnsupportedBinaryTypeError
 from airflow_provider_pglogical.values.arrow_types import (
-    UnrepresentableValueError,
-    UnsupportedBinaryTypeError,
     arrow_type,
     binary_to_arrow,
     binary_to_arrow_with_overflow,
