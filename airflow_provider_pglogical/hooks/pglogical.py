@@ -105,6 +105,14 @@ class PgLogicalHook(BaseHook):
         with self.connection() as conn:
             replication.create_publication(conn, name, tables, **options)
 
+    def publish_tables(self, name: str, tables: Sequence[TableSpec]) -> list[str]:
+        """See :func:`airflow_provider_pglogical.replication.publish_tables` (one transaction)."""
+        conn = self.get_conn(autocommit=False)
+        try:
+            return replication.publish_tables(conn, name, tables)
+        finally:
+            conn.close()
+
     def alter_publication(self, name: str, **changes: Any) -> None:
         """See :func:`airflow_provider_pglogical.replication.alter_publication`."""
         with self.connection() as conn:

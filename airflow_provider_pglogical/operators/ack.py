@@ -53,12 +53,18 @@ class PgLogicalAckOperator(BaseOperator):
                 f"manifest {self.manifest} belongs to slot {manifest.slot!r}, not {self.slot_name!r}: "
                 "pass the manifest drained from this slot"
             )
-        missing = unapplied_tables(PgLogicalLakeHook(self.lake_conn_id).get_conn(), manifest)
+        missing = unapplied_tables(self._get_lake_hook().get_conn(), manifest)
         if missing:
             raise BatchNotAppliedError(
                 f"batch {manifest.batch_id} is not applied to the lake for {', '.join(missing)}: "
                 "the slot stays where it is. Run (or re-run) the apply task for this manifest first."
             )
-        position = PgLogicalHook(self.pglogical_conn_id).advance_slot(self.slot_name, manifest.end_lsn)
+        position = self._get_hook().advance_slot(self.slot_name, manifest.end_lsn)
         self.log.info("slot %s acknowledged up to %s (batch %s)", self.slot_name, position, manifest.batch_id)
         return {"slot": self.slot_name, "batch_id": manifest.batch_id, "confirmed_flush_lsn": str(position)}
+
+    def _get_hook(self) -> PgLogicalHook:
+        return PgLogicalHook(self.pglogical_conn_id)
+
+    def _get_lake_hook(self) -> PgLogicalLakeHook:
+        return PgLogicalLakeHook(self.lake_conn_id)

@@ -79,6 +79,8 @@ class PgLogicalDrainOperator(BaseOperator):
             max_memory_bytes=int(self.max_memory_bytes),
             spill_dir=self.spill_dir or None,
         )
-        params = PgLogicalHook(self.pglogical_conn_id).connection_params()
-        result = drain_batch(params, settings)
+        result = drain_batch(self._get_hook().connection_params(), settings)
         return result.summary()
+
+    def _get_hook(self) -> PgLogicalHook:
+        return PgLogicalHook(self.pglogical_conn_id)

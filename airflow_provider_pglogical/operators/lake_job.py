@@ -34,7 +34,9 @@ class LakeSparkJobOperator(SparkSubmitOperator):
     given from ``PGLOGICAL_SPARK_JARS`` (set by ``make``). Subclasses say what the job is told.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "lake_conn_id", "spark_conn_id")
+    # The Spark provider keeps its connection id in ``_conn_id`` without templating it; listed here,
+    # Airflow renders it like every other field, so a DAG param can choose the Spark connection.
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "lake_conn_id", "_conn_id")
 
     def __init__(
         self,
@@ -46,15 +48,13 @@ class LakeSparkJobOperator(SparkSubmitOperator):
     ) -> None:
         super().__init__(application=application, conn_id=spark_conn_id, **kwargs)
         self.lake_conn_id = lake_conn_id
-        self.spark_conn_id = spark_conn_id
 
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         """The job's command-line arguments after the lake's own (``--catalog``, ``--namespace-prefix``)."""
         raise NotImplementedError
 
     def execute(self, context: Context) -> None:
-        lake = PgLogicalLakeHook(self.lake_conn_id).get_conn()
-        self._conn_id = self.spark_conn_id  # templated: may come from DAG params
+        lake = self._get_lake_hook().get_conn()
         self.conf = {**lake.spark_conf(), **(self.conf or {})}
         if not self.jars and not self.packages:
             self.jars = local_jars() or None
@@ -66,3 +66,6 @@ class LakeSparkJobOperator(SparkSubmitOperator):
             shipped = job_py_files(scratch)
             self.py_files = f"{self.py_files},{shipped}" if self.py_files else shipped
             super().execute(context)
+
+    def _get_lake_hook(self) -> PgLogicalLakeHook:
+        return PgLogicalLakeHook(self.lake_conn_id)

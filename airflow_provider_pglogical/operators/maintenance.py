@@ -101,7 +101,7 @@ class PgLogicalStagingRetentionOperator(BaseOperator):
         self.pglogical_conn_id = pglogical_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
-        slot = PgLogicalHook(self.pglogical_conn_id).describe_slot(self.slot_name)
+        slot = self._get_hook().describe_slot(self.slot_name)
         if slot.confirmed_flush_lsn is None:
             raise SlotNotAcknowledgedError(
                 f"slot {self.slot_name!r} has no confirmed_flush_lsn (a physical slot?): name the "
@@ -118,3 +118,6 @@ class PgLogicalStagingRetentionOperator(BaseOperator):
             "confirmed_flush_lsn": str(slot.confirmed_flush_lsn),
             "deleted": len(deleted),
         }
+
+    def _get_hook(self) -> PgLogicalHook:
+        return PgLogicalHook(self.pglogical_conn_id)

@@ -8,7 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.replication import TableSpec, connect, publish_tables
+from airflow_provider_pglogical.replication import TableSpec
 
 
 def table_spec(entry: str | Mapping[str, Any]) -> TableSpec:
@@ -61,14 +61,13 @@ class PgLogicalPublishTablesOperator(BaseOperator):
         if not specs:
             self.log.info("no table to publish")
             return []
-        conn = connect(PgLogicalHook(self.pglogical_conn_id).connection_params(), autocommit=False)
-        try:
-            changed = publish_tables(conn, self.publication, specs)
-        finally:
-            conn.close()
+        changed = self._get_hook().publish_tables(self.publication, specs)
         self.log.info(
             "publication %s: %s changed, %s already published as asked",
             self.publication, changed or "none",
             [s.qualified for s in specs if s.qualified not in changed] or "none",
         )  # fmt: skip
         return [spec.qualified for spec in specs]
+
+    def _get_hook(self) -> PgLogicalHook:
+        return PgLogicalHook(self.pglogical_conn_id)

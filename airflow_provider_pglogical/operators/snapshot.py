@@ -31,7 +31,6 @@ from airflow_provider_pglogical.engine.staging import DEFAULT_MAX_FILE_BYTES
 from airflow_provider_pglogical.errors import SlotExistsError
 from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.replication import connect, describe_slot
 
 COPY_ENGINES = ("local", "spark")
 POSTGRESQL_JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -150,25 +149,24 @@ class PgLogicalSnapshotOperator(BaseOperator):
         if self.slot_mode not in SLOT_MODES:
             raise ValueError(f"slot_mode must be one of {SLOT_MODES}, not {self.slot_mode!r}")
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
-        params = PgLogicalHook(self.pglogical_conn_id).connection_params()
+        hook = self._get_hook()
         try:
-            return self._snapshot(params, publications)
+            return self._snapshot(hook.connection_params(), publications)
         except SlotExistsError as exc:
             if self.slot_mode == "temporary" or self.recreate_slot:
                 raise
-            return self._rerun(params, exc)
+            return self._rerun(hook, exc)
 
-    def _rerun(self, params: dict[str, Any], exc: SlotExistsError) -> dict[str, Any]:
+    def _get_hook(self) -> PgLogicalHook:
+        return PgLogicalHook(self.pglogical_conn_id)
+
+    def _rerun(self, hook: PgLogicalHook, exc: SlotExistsError) -> dict[str, Any]:
         """The slot exists: hand its own staged snapshot to the load again, or skip (see class doc)."""
         staged = staged_snapshot(self.staging, self.slot_name)
         if staged is None:
             raise exc
         uri, manifest = staged
-        conn = connect(params)
-        try:
-            confirmed = describe_slot(conn, self.slot_name).confirmed_flush_lsn
-        finally:
-            conn.close()
+        confirmed = hook.describe_slot(self.slot_name).confirmed_flush_lsn
         if confirmed is not None and confirmed > manifest.end_lsn:
             raise AirflowSkipException(
                 f"slot {self.slot_name} exists and has consumed changes up to {confirmed}, past its "

@@ -151,7 +151,7 @@ class PgLogicalSlotLagSensor(BaseSensorOperator):
         return PokeReturnValue(decision.outcome is Outcome.MET, decision.health)
 
     def poke(self, context: Context) -> PokeReturnValue:
-        hook = PgLogicalHook(self.pglogical_conn_id)
+        hook = self._get_hook()
         try:
             health = hook.slot_health(self.slot_name, self._publications(), previous=self._last_health)
         except SlotNotFoundError as exc:
@@ -166,6 +166,9 @@ class PgLogicalSlotLagSensor(BaseSensorOperator):
                 stale_after=self.stale_after,
             )
         return self._conclude(decision)
+
+    def _get_hook(self) -> PgLogicalHook:
+        return PgLogicalHook(self.pglogical_conn_id)
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:

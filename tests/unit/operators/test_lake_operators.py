@@ -94,3 +94,15 @@ def test_maintenance_submits_its_retention_settings(submitted: list[dict[str, An
     )
     assert call["jars"] is None  # packages given: the local jars are not added
     assert "airflow_provider_pglogical/spark/maintain_lake.py" in call["shipped"]
+
+
+def test_the_spark_connection_is_rendered_from_a_template(
+    submitted: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    path = write_manifest(tmp_path, (TABLE,))
+    operator = PgLogicalSparkApplyOperator(
+        task_id="apply", manifest=path, lake_conn_id="shop_lake", spark_conn_id="{{ params.spark }}"
+    )
+    operator.render_template_fields({"params": {"spark": "spark_local"}})  # type: ignore[arg-type]
+    operator.execute({})  # type: ignore[arg-type]
+    assert submitted[0]["conn_id"] == "spark_local"
