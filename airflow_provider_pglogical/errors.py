@@ -39,6 +39,18 @@ class PublicationEmptyError(PgLogicalError):
     """A publication exists but publishes no table."""
 
 
+class ColumnListConflictError(PgLogicalError):
+    """A table is published with different column lists in the publications one slot reads."""
+
+
+class PublicationAllTablesError(PgLogicalError):
+    """A table cannot be added to a ``FOR ALL TABLES`` publication: it is in there already."""
+
+
+class ReplicaIdentityFilterError(PgLogicalError):
+    """A row filter or column list would make the table's UPDATEs and DELETEs fail on the source."""
+
+
 class SlotNotFoundError(PgLogicalError):
     """A replication slot named by the user does not exist."""
 

@@ -15,10 +15,12 @@ import psycopg2.errors
 from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import (
+    ColumnListConflictError,
     NameEncodingError,
-    PgLogicalError,
     PrivilegeError,
+    PublicationAllTablesError,
     PublicationNotFoundError,
+    ReplicaIdentityFilterError,
 )
 
 PUBLISH_OPERATIONS = ("insert", "update", "delete", "truncate")
@@ -238,7 +240,7 @@ def published_tables(conn: Any, names: Sequence[str]) -> list[PublishedTable]:
     for (schema, name), entries in sorted(combined.items()):
         column_lists = {entry.columns for entry in entries}
         if len(column_lists) > 1:
-            raise PgLogicalError(
+            raise ColumnListConflictError(
                 f"table {schema}.{name} has different column lists in publications "
                 f"{', '.join(e.publications[0] for e in entries)}; PostgreSQL cannot replicate it that way. "
                 "Give it the same column list in every publication."
@@ -269,7 +271,7 @@ def publish_tables(conn: Any, publication: str, tables: Sequence[TableSpec]) -> 
         raise ValueError("publish_tables needs a transaction: pass a connection with autocommit off")
     info = describe_publications(conn, [publication])[0]
     if info.all_tables:
-        raise PgLogicalError(
+        raise PublicationAllTablesError(
             f"publication {publication!r} is FOR ALL TABLES: every table is already published; "
             "re-snapshot the table instead of adding it"
         )
@@ -346,7 +348,7 @@ def _probe_writes(cur: Any, publication: str, spec: TableSpec, publish: Sequence
         try:
             cur.execute(probe)
         except psycopg2.errors.InvalidColumnReference as exc:
-            raise PgLogicalError(
+            raise ReplicaIdentityFilterError(
                 f"publishing {spec.qualified} in {publication!r} with this row filter or column list would "
                 f"make every UPDATE and DELETE of the table fail ({str(exc.pgerror or exc).strip()}). Filter "
                 "only on replica identity columns and keep them in the column list, or change the table's "

@@ -6,7 +6,7 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.errors import PgLogicalError, PublicationNotFoundError
+from airflow_provider_pglogical.errors import ColumnListConflictError, PublicationNotFoundError
 from airflow_provider_pglogical.replication import (
     TableSpec,
     alter_publication,
@@ -83,7 +83,7 @@ def test_an_unfiltered_publication_makes_filters_redundant(conn, unfiltered) -> 
 def test_different_column_lists_are_refused(conn) -> None:  # type: ignore[no-untyped-def]
     create_publication(conn, "p_a", [TableSpec("orders", columns=["id", "amount"])])
     create_publication(conn, "p_b", [TableSpec("orders", columns=["id", "region"])])
-    with pytest.raises(PgLogicalError, match="different column lists"):
+    with pytest.raises(ColumnListConflictError, match="different column lists"):
         published_tables(conn, ["p_a", "p_b"])
 
 
