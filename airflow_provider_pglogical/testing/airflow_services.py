@@ -41,7 +41,7 @@ def _parse_time(value: object) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def _iso(value: str | date) -> str:
+def _date_text(value: str | date) -> str:
     return value.isoformat() if isinstance(value, date) else value
 
 
@@ -306,7 +306,7 @@ class AirflowServices:
     def set_paused(self, dag_id: str, paused: bool) -> None:
         """Pause or unpause a DAG; the scheduler starts no run, backfill or not, of a paused DAG."""
         try:
-            self.api("PATCH", f"/dags/{_quote(dag_id)}", {"is_paused": paused})
+            self.api("PATCH", f"/dags/{_quote_path_segment(dag_id)}", {"is_paused": paused})
         except AirflowApiError as exc:
             if exc.status != 404:
                 raise
@@ -318,13 +318,15 @@ class AirflowServices:
         runs: list[DagRunRecord] = []
         while True:
             query: dict[str, str | int] = {"order_by": "logical_date", "limit": 100, "offset": len(runs)}
-            page = self.api("GET", f"/dags/{_quote(dag_id)}/dagRuns", query={**filters, **query})
+            page = self.api("GET", f"/dags/{_quote_path_segment(dag_id)}/dagRuns", query={**filters, **query})
             runs += [DagRunRecord.from_api(item) for item in page["dag_runs"]]
             if not page["dag_runs"] or len(runs) >= page["total_entries"]:
                 return runs
 
     def dag_run(self, dag_id: str, run_id: str) -> DagRunRecord:
-        return DagRunRecord.from_api(self.api("GET", f"/dags/{_quote(dag_id)}/dagRuns/{_quote(run_id)}"))
+        return DagRunRecord.from_api(
+            self.api("GET", f"/dags/{_quote_path_segment(dag_id)}/dagRuns/{_quote_path_segment(run_id)}")
+        )
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -354,8 +356,8 @@ class AirflowServices:
         """
         started = time.monotonic()
         self.set_paused(dag_id, False)
-        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", _iso(from_date),
-                "--to-date", _iso(to_date), "--max-active-runs", str(max_active_runs)]  # fmt: skip
+        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", _date_text(from_date),
+                "--to-date", _date_text(to_date), "--max-active-runs", str(max_active_runs)]  # fmt: skip
         if conf is not None:
             args += ["--dag-run-conf", json.dumps(conf)]
         if reprocess_behavior is not None:
@@ -393,7 +395,7 @@ class AirflowServices:
         started = time.monotonic()
         record = self._find_run(dag_id, run)
         self.set_paused(dag_id, False)
-        path = f"/dags/{_quote(dag_id)}/dagRuns/{_quote(record.run_id)}"
+        path = f"/dags/{_quote_path_segment(dag_id)}/dagRuns/{_quote_path_segment(record.run_id)}"
         before = datetime.now(UTC)
         self.api("POST", f"{path}/clear", {"dry_run": False})
 
@@ -452,5 +454,5 @@ class AirflowServices:
         return SchedulerResult(dag_id, tuple(runs), time.monotonic() - started, logs)
 
 
-def _quote(value: str) -> str:
+def _quote_path_segment(value: str) -> str:
     return urllib.parse.quote(value, safe="")

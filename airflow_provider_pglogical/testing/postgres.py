@@ -66,19 +66,21 @@ def find_postgres_bindir() -> Path:
     pg_config = shutil.which("pg_config")
     if pg_config:
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            out = subprocess.run(
+            reported = subprocess.run(
                 [pg_config, "--bindir"], check=True, capture_output=True, text=True
             ).stdout.strip()
-            candidates.append(Path(out))
+            candidates.append(Path(reported))
     for name in ("initdb", "pg_ctl", "postgres"):
         found = shutil.which(name)
         if found:
             candidates.append(Path(os.path.realpath(found)).parent)
     versioned = glob.glob("/usr/lib/postgresql/*/bin")
-    versioned.sort(key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0)
-    candidates.extend(Path(p) for p in reversed(versioned))
+    versioned.sort(
+        key=lambda directory: int(Path(directory).parent.name) if Path(directory).parent.name.isdigit() else 0
+    )
+    candidates.extend(Path(directory) for directory in reversed(versioned))
     for bindir in candidates:
-        if all((bindir / prog).is_file() for prog in ("initdb", "pg_ctl", "postgres")):
+        if all((bindir / program).is_file() for program in ("initdb", "pg_ctl", "postgres")):
             return bindir
     raise PostgresNotFoundError(
         "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found via pg_config, PATH "
@@ -156,8 +158,8 @@ class PostgresCluster:
         self._root = root
         atexit.register(self.stop)
         if self._run_as:
-            pw = pwd.getpwnam(self._run_as)
-            os.chown(root, pw.pw_uid, pw.pw_gid)
+            owner = pwd.getpwnam(self._run_as)
+            os.chown(root, owner.pw_uid, owner.pw_gid)
         os.chmod(root, 0o700)
         self._run(
             [
@@ -173,10 +175,10 @@ class PostgresCluster:
         )
         (root / "sock").mkdir()
         if self._run_as:
-            pw = pwd.getpwnam(self._run_as)
-            os.chown(root / "sock", pw.pw_uid, pw.pw_gid)
-        with open(self.datadir / "pg_hba.conf", "a", encoding="utf-8") as hba:
-            hba.write("host replication all 127.0.0.1/32 trust\n")
+            owner = pwd.getpwnam(self._run_as)
+            os.chown(root / "sock", owner.pw_uid, owner.pw_gid)
+        with open(self.datadir / "pg_hba.conf", "a", encoding="utf-8") as hba_conf:
+            hba_conf.write("host replication all 127.0.0.1/32 trust\n")
         last_error: Exception | None = None
         for _ in range(attempts):
             self.port = free_port()
@@ -269,9 +271,9 @@ class PostgresCluster:
 
     def execute(self, statement: str | sql.Composable, dbname: str = "postgres") -> list[tuple[Any, ...]]:
         """Run one statement in autocommit mode and return its rows (empty when it has none)."""
-        with self.connect(dbname) as conn, conn.cursor() as cur:
-            cur.execute(statement)
-            return list(cur.fetchall()) if cur.description else []
+        with self.connect(dbname) as conn, conn.cursor() as cursor:
+            cursor.execute(statement)
+            return list(cursor.fetchall()) if cursor.description else []
 
     def create_database(self, name: str | None = None) -> str:
         """Create a fresh database (a unique name when omitted) and return its DSN."""
