@@ -30,7 +30,7 @@ _NEW_HOMES = {
     "retention": "engine.retention",
     "schema_changes": "formats.schema_changes",
     "sequencing": "engine.sequencing",
-    "slot_health": "engine.slot_health",
+    "slot_health": "engine.health",
     "snapshot": "engine.snapshot",
     "staging": "engine.staging",
     "types": "values.arrow_types",

@@ -17,7 +17,7 @@ from airflow_provider_pglogical.cli.common import (
     open_connection,
     print_rows,
 )
-from airflow_provider_pglogical.engine.slot_health import (
+from airflow_provider_pglogical.engine.health import (
     SlotHealth,
     WalRisk,
     assess_slot,

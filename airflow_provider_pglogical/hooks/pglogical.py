@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from airflow_provider_pglogical import replication
-from airflow_provider_pglogical.engine.slot_health import SlotHealth, assess_slot, assess_slots
+from airflow_provider_pglogical.engine.health import SlotHealth, assess_slot, assess_slots
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import (
     CreatedSlot,
@@ -189,7 +189,7 @@ class PgLogicalHook(BaseHook):
         self, name: str, publications: Sequence[str] = (), *, previous: SlotHealth | None = None
     ) -> SlotHealth:
         """Measure a slot: lag, WAL safety, spill/stream counters, and with ``publications`` the
-        age of its oldest unconfirmed change (see :mod:`airflow_provider_pglogical.engine.slot_health`;
+        age of its oldest unconfirmed change (see :mod:`airflow_provider_pglogical.engine.health.measure`;
         ``previous``, the last measurement of a repeated check, spares a peek when still valid)."""
         with self.connection() as conn:
             return assess_slot(conn, name, publications, previous=previous)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_provider_pglogical.engine.slot_health import (
+from airflow_provider_pglogical.engine.health import (
     LagThresholds,
     Outcome,
     SlotHealth,

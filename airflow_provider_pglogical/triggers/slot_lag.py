@@ -10,7 +10,7 @@ from typing import Any
 import psycopg2
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_pglogical.engine.slot_health import (
+from airflow_provider_pglogical.engine.health import (
     LagThresholds,
     Outcome,
     SlotHealth,

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 
 # --import-mode=importlib keeps test directories off sys.path; the tests here share slot_lag_support.py.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from slot_lag_support import (
-    DagsTestResult,
-    PublishedSlot,
-    airflow_env,
-    make_published_slot,
-    run_dags_test,
-)
+from slot_lag_support import PublishedSlot, connection_uri, make_published_slot
 
 
 @pytest.fixture
@@ -33,27 +24,13 @@ def published(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.M
 # --------------------------------------------------------------------------- airflow dags test
 
 
-@pytest.fixture(scope="session")
-def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A private AIRFLOW_HOME with a migrated SQLite metadata DB (`dags test` needs one: ~3 s)."""
-    home = tmp_path_factory.mktemp("airflow_home")
-    (home / "dags").mkdir()
-    result = subprocess.run(
-        [str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
-        env=airflow_env(home, {}),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return home
-
-
 @pytest.fixture
-def dags_test(airflow_home: Path) -> Iterator[Callable[..., DagsTestResult]]:
-    """``run_dags_test`` bound to the session's AIRFLOW_HOME."""
+def airflow_sandbox(published: PublishedSlot, tmp_path: Path) -> AirflowSandbox:
+    """A private AIRFLOW_HOME (migrated on first use) reaching ``published``'s database as ``pgl_lag``.
 
-    def run(dag_id: str, dag_source: str, **kwargs: Any) -> DagsTestResult:
-        return run_dags_test(airflow_home, dag_id, dag_source, **kwargs)
-
-    yield run
+    The connection URI carries the password, so a test can assert it never reaches the output.
+    """
+    dags_folder = tmp_path / "dags"
+    dags_folder.mkdir()
+    connections = {published.conn_id: connection_uri(published.cluster, published.dbname)}
+    return AirflowSandbox(tmp_path / "airflow_home", dags_folder, connections=connections)

@@ -1,22 +1,11 @@
-"""Helpers for the slot lag sensor tests: a published table with a slot, a writer, and `airflow dags test`.
+"""Helpers for the slot lag sensor tests: a published table with a slot, and a writer.
 
-``run_dags_test`` is written to be promoted to ``airflow_provider_pglogical.testing`` (it needs
-nothing from this package): it runs a real ``airflow dags test`` on a DAG file in a private
-AIRFLOW_HOME, streaming the output to a callback so a test can act at a given moment (for
-example once the task has deferred).
+``airflow dags test`` runs come from the package's test kit (``testing.AirflowSandbox``).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-import threading
-import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -100,67 +89,3 @@ def make_published_slot(
     )
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", connection_uri(cluster, dbname))
     return PublishedSlot(cluster, dbname, conn_id)
-
-
-@dataclass
-class DagsTestResult:
-    returncode: int
-    output: str
-    seconds: float
-
-
-def airflow_env(home: Path, extra: Mapping[str, str]) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("AIRFLOW")}
-    env.update(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__CORE__UNIT_TEST_MODE="False",
-    )
-    env.update(extra)
-    return env
-
-
-def run_dags_test(
-    home: Path,
-    dag_id: str,
-    dag_source: str,
-    *,
-    env: Mapping[str, str] | None = None,
-    on_line: Callable[[str], None] | None = None,
-    timeout: float = 300,
-) -> DagsTestResult:
-    """Write ``dag_source`` as a DAG file and run ``airflow dags test <dag_id>`` on it.
-
-    ``on_line`` sees every output line as it is printed (stdout and stderr merged), from the
-    reader thread; the process is killed after ``timeout`` seconds.
-    """
-    (home / "dags" / f"{dag_id}.py").write_text(textwrap.dedent(dag_source))
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("airflow")), "dags", "test", dag_id],
-        env=airflow_env(home, env or {}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if on_line is not None:
-                on_line(line)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        returncode = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-    finally:
-        reader.join(timeout=10)
-    return DagsTestResult(returncode, "".join(lines), time.monotonic() - started)

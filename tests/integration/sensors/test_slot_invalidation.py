@@ -18,7 +18,7 @@ from psycopg2 import sql
 from slot_lag_support import PASSWORD, PublishedSlot, make_published_slot
 
 from airflow_provider_pglogical.cli.lag import register
-from airflow_provider_pglogical.engine.slot_health import WalRetentionError
+from airflow_provider_pglogical.engine.health import WalRetentionError
 from airflow_provider_pglogical.errors import SlotLostError
 from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
 from airflow_provider_pglogical.testing import PostgresCluster

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
-from slot_lag_support import PASSWORD, DagsTestResult, PublishedSlot, connection_uri
+from slot_lag_support import PASSWORD, PublishedSlot
+
+from airflow_provider_pglogical.testing import AirflowSandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
@@ -34,7 +34,7 @@ with DAG("pgl_slot_lag_deferrable", schedule=None, start_date=datetime.datetime(
 
 
 def test_deferrable_sensor_fires_through_the_trigger_in_dags_test(
-    published: PublishedSlot, dags_test: Callable[..., DagsTestResult]
+    published: PublishedSlot, airflow_sandbox: AirflowSandbox
 ) -> None:
     writes: list[int] = []
 
@@ -45,12 +45,8 @@ def test_deferrable_sensor_fires_through_the_trigger_in_dags_test(
             writes.append(1)
             published.write(2000)
 
-    result = dags_test(
-        "pgl_slot_lag_deferrable",
-        DAG_SOURCE,
-        env={"AIRFLOW_CONN_PGL_LAG": connection_uri(published.cluster, published.dbname)},
-        on_line=on_line,
-    )
+    (airflow_sandbox.dags_folder / "pgl_slot_lag_deferrable.py").write_text(DAG_SOURCE)
+    result = airflow_sandbox.dags_test("pgl_slot_lag_deferrable", on_line=on_line, timeout=300)
     tail = result.output[-6000:]
     assert result.returncode == 0, tail
     assert writes, f"the sensor never deferred:\n{tail}"

@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSensorTimeout, TaskDeferred
 from slot_lag_support import PASSWORD, PublishedSlot
 
-from airflow_provider_pglogical.engine.slot_health import LagThresholds, assess_slot, decide
+from airflow_provider_pglogical.engine.health import LagThresholds, assess_slot, decide
 from airflow_provider_pglogical.errors import SlotNotFoundError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor

@@ -12,7 +12,8 @@ import pytest
 from airflow.triggers.base import TriggerEvent
 from slot_lag_support import PASSWORD, PublishedSlot
 
-from airflow_provider_pglogical.engine.slot_health import _aconnect, _wait, assess_slot_async
+from airflow_provider_pglogical.engine.health import assess_slot_async
+from airflow_provider_pglogical.engine.health.drivers import connect_async, wait_async
 from airflow_provider_pglogical.errors import SlotNotFoundError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
@@ -125,13 +126,13 @@ def test_async_queries_wait_on_the_loop_not_in_it(published: PublishedSlot) -> N
 
     async def scenario() -> float:
         params = PgLogicalHook(published.conn_id).connection_params()
-        conn = await _aconnect(params, 10)
+        conn = await connect_async(params, 10)
         try:
             with Heartbeat() as heartbeat:
                 cur = conn.cursor()
                 started = time.monotonic()
                 cur.execute("SELECT pg_sleep(0.5)")
-                await _wait(conn)
+                await wait_async(conn)
                 assert time.monotonic() - started >= 0.5
         finally:
             conn.close()

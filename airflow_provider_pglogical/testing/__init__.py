@@ -1,0 +1,40 @@
+"""The public test kit: real PostgreSQL and real Airflow for tests of CDC pipelines, ours and our users'.
+
+:mod:`.postgres` runs a throwaway PostgreSQL cluster (:class:`PostgresCluster`);
+:mod:`.airflow_cli` a private ``AIRFLOW_HOME`` for ``airflow dags test`` (:class:`AirflowSandbox`);
+:mod:`.airflow_services` the scheduler and API server for backfills and re-runs
+(:class:`AirflowServices`); :mod:`.processes` the process helpers they share.
+
+Example::
+
+    with PostgresCluster() as pg:
+        dsn = pg.create_database("shop")
+        ...
+"""
+
+from __future__ import annotations
+
+from airflow_provider_pglogical.testing.airflow_cli import AirflowSandbox, DagRunResult
+from airflow_provider_pglogical.testing.airflow_services import (
+    AirflowApiError,
+    AirflowServices,
+    DagRunRecord,
+    SchedulerResult,
+)
+from airflow_provider_pglogical.testing.postgres import (
+    PostgresCluster,
+    PostgresNotFoundError,
+    find_postgres_bindir,
+)
+
+__all__ = [
+    "AirflowApiError",
+    "AirflowSandbox",
+    "AirflowServices",
+    "DagRunRecord",
+    "DagRunResult",
+    "PostgresCluster",
+    "PostgresNotFoundError",
+    "SchedulerResult",
+    "find_postgres_bindir",
+]

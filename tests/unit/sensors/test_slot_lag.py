@@ -1,0 +1,60 @@
+"""The slot lag sensor without a server: argument checks at parse time, templating, a light import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({}, "at least one"),
+        ({"min_lag_bytes": 1, "max_lag_bytes": 2}, "cannot be combined"),
+        ({"min_lag_age": 60}, "need publications"),
+        ({"max_lag_bytes": 1, "on_wal_risk": "ignore"}, "on_wal_risk"),
+    ],
+)
+def test_sensor_rejects_ambiguous_arguments_at_parse_time(kwargs: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        PgLogicalSlotLagSensor(task_id="lag", slot_name="s1", **kwargs)
+
+
+def test_sensor_templates_its_slot_thresholds_and_publications() -> None:
+    fields = set(PgLogicalSlotLagSensor.template_fields)
+    assert {
+        "slot_name",
+        "min_lag_bytes",
+        "max_lag_bytes",
+        "min_lag_age",
+        "max_lag_age",
+        "publications",
+    } <= fields
+    # A template is accepted unrendered; only its None-ness is checked before execute.
+    PgLogicalSlotLagSensor(task_id="lag", slot_name="{{ params.slot }}", min_lag_bytes="{{ params.lag }}")
+
+
+def test_importing_the_sensor_stays_light_for_dag_parsing() -> None:
+    """The sensor is imported by every DAG file that uses it: no pyarrow/numpy (about a second)."""
+    code = (
+        "import sys, airflow_provider_pglogical.sensors.slot_lag, airflow_provider_pglogical.cli.lag; "
+        "heavy = {'pyarrow', 'numpy'} & set(sys.modules); assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("configured", ["True", "False"])
+def test_deferrable_defaults_to_airflows_default_deferrable(configured: str) -> None:
+    code = (
+        "from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor as S; "
+        "print(S(task_id='t', slot_name='s', min_lag_bytes=1).deferrable)"
+    )
+    env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": configured}
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env)
+    assert out.stdout.strip().splitlines()[-1] == configured
