@@ -40,7 +40,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except psycopg2.Error as exc:
         print(f"pglogical {args.command}: database error: {str(exc).strip()}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
