@@ -104,7 +104,7 @@ class ManifestSlotMismatchError(PgLogicalError):
 
 
 class SlotNotAcknowledgedError(PgLogicalError):
-    """The slot has no confirmed position, so no staged batch can be known acknowledged."""
+    """The slot has no confirmed position (a physical slot): lag, acks and retention need a logical one."""
 
 
 class ReservedColumnNameError(PgLogicalError):
@@ -159,3 +159,19 @@ class MaintenanceError(PgLogicalError):
 
 class JobSpecError(Exception):
     """The spec asks for something this job cannot do (exit status 2)."""
+
+
+class WalRetentionError(PgLogicalError):
+    """A slot's WAL is at risk: ``wal_status = unreserved``, or ``safe_wal_size`` is under the floor."""
+
+
+class PostgresNotFoundError(RuntimeError):
+    """No PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``) were found."""
+
+
+class AirflowApiError(RuntimeError):
+    """The sandbox's REST API answered with an HTTP error."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status

@@ -14,18 +14,10 @@ Example::
 
 from __future__ import annotations
 
+from airflow_provider_pglogical.errors import AirflowApiError, PostgresNotFoundError
 from airflow_provider_pglogical.testing.airflow_cli import AirflowSandbox, DagRunResult
-from airflow_provider_pglogical.testing.airflow_services import (
-    AirflowApiError,
-    AirflowServices,
-    DagRunRecord,
-    SchedulerResult,
-)
-from airflow_provider_pglogical.testing.postgres import (
-    PostgresCluster,
-    PostgresNotFoundError,
-    find_postgres_bindir,
-)
+from airflow_provider_pglogical.testing.airflow_services import AirflowServices, DagRunRecord, SchedulerResult
+from airflow_provider_pglogical.testing.postgres import PostgresCluster, find_postgres_bindir
 
 __all__ = [
     "AirflowApiError",

@@ -24,6 +24,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_pglogical.errors import AirflowApiError
 from airflow_provider_pglogical.testing.processes import free_port, terminate_process_groups
 
 if TYPE_CHECKING:
@@ -101,14 +102,6 @@ class SchedulerResult:
         if bad:
             raise RuntimeError(f"runs of {self.dag_id} did not succeed: {', '.join(bad)}\n{self.logs}")
         return self
-
-
-class AirflowApiError(RuntimeError):
-    """The sandbox's REST API answered with an HTTP error."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class AirflowServices:

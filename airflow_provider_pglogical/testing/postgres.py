@@ -33,6 +33,7 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
+from airflow_provider_pglogical.errors import PostgresNotFoundError
 from airflow_provider_pglogical.testing.processes import free_port
 
 __all__ = ["DEFAULT_SETTINGS", "PostgresCluster", "PostgresNotFoundError", "find_postgres_bindir"]
@@ -49,10 +50,6 @@ DEFAULT_SETTINGS: dict[str, str] = {
     "logging_collector": "off",
     "log_min_messages": "warning",
 }
-
-
-class PostgresNotFoundError(RuntimeError):
-    """No PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``) were found."""
 
 
 def find_postgres_bindir() -> Path:

@@ -16,7 +16,6 @@ from airflow_provider_pglogical.engine.health.verdict import (
     LagThresholds,
     Outcome,
     SlotLagDecision,
-    WalRetentionError,
     WalRisk,
     WalSafety,
     check_threshold_kinds,
@@ -25,6 +24,7 @@ from airflow_provider_pglogical.engine.health.verdict import (
     stale_warning,
     wal_safety,
 )
+from airflow_provider_pglogical.errors import WalRetentionError
 from airflow_provider_pglogical.replication.publications import publication_names_option
 
 __all__ = [

@@ -23,7 +23,14 @@ from airflow_provider_pglogical.engine.health.units import (
     parse_duration,
     parse_size,
 )
-from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotLostError, SlotNotFoundError
+from airflow_provider_pglogical.errors import (
+    RECOVERY_DAG,
+    PgLogicalError,
+    SlotLostError,
+    SlotNotAcknowledgedError,
+    SlotNotFoundError,
+    WalRetentionError,
+)
 
 __all__ = [
     "LagThresholds",
@@ -38,10 +45,6 @@ __all__ = [
     "stale_warning",
     "wal_safety",
 ]
-
-
-class WalRetentionError(PgLogicalError):
-    """A slot's WAL is at risk: ``wal_status = unreserved``, or ``safe_wal_size`` is under the floor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,7 @@ def judge_lag(health: SlotHealth, thresholds: LagThresholds) -> tuple[bool, str]
     """Whether the lag has crossed the thresholds, and a sentence saying where it stands."""
     lag = health.lag_bytes
     if lag is None:
-        raise PgLogicalError(
+        raise SlotNotAcknowledgedError(
             f"slot {health.slot_name!r} has no confirmed position (a {health.slot.slot_type} slot): "
             "lag is only defined for logical slots"
         )

@@ -13,13 +13,12 @@ from airflow_provider_pglogical.engine.health.verdict import (
     LagThresholds,
     Outcome,
     SlotLagDecision,
-    WalRetentionError,
     WalRisk,
     decide,
     judge_lag,
     wal_safety,
 )
-from airflow_provider_pglogical.errors import SlotLostError, SlotNotFoundError
+from airflow_provider_pglogical.errors import SlotLostError, SlotNotFoundError, WalRetentionError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication.slots import SlotInfo
 
