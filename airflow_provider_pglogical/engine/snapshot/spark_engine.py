@@ -28,7 +28,7 @@ from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS, ConnParams, stores_raw_text
 from airflow_provider_pglogical.values import overflow
 
-SPARK_JOB_PATH = str(Path(__file__).resolve().parents[1] / "spark" / "snapshot_jdbc.py")
+SPARK_JOB_PATH = str(Path(__file__).resolve().parents[2] / "spark" / "snapshot_jdbc.py")
 """The Spark copy engine's job file, for ``spark-submit``."""
 SPARK_PASSWORD_ENV = "PGLOGICAL_JDBC_PASSWORD"
 """Environment variable the Spark job reads the JDBC password from (``PASSWORD_ENV`` there)."""
