@@ -505,7 +505,7 @@ def dead_snapshot(env: Env) -> Outcome:
     def kill_holder(progress: SnapshotProgress) -> None:
         if progress.phase == "planned":
             env.pg.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                 "WHERE backend_type = 'walsender' AND datname = current_database()",
                 env.db,
             )

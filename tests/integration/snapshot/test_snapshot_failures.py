@@ -100,7 +100,7 @@ def test_lost_snapshot_holder_fails_clearly_and_leaves_nothing_behind(
     def kill_holder(progress: SnapshotProgress) -> None:
         if progress.phase == "planned":
             pg_cluster.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                 "WHERE backend_type = 'walsender' AND datname = current_database()",
                 db,
             )
@@ -123,7 +123,7 @@ def test_holder_killed_after_the_workers_imported_is_detected(
     def kill_holder_once_copying(progress: SnapshotProgress) -> None:
         if progress.phase == "copying":
             pg_cluster.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                 "WHERE backend_type = 'walsender' AND datname = current_database()",
                 db,
             )

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from airflow_provider_pglogical.engine.snapshot import RowTooLargeError, _whole_rows
+from airflow_provider_pglogical.engine.snapshot.copy_text import RowTooLargeError, _whole_rows
 
 
 def _stream(data: bytes) -> io.BufferedReader:
