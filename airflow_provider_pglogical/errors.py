@@ -175,3 +175,27 @@ class AirflowApiError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class SnapshotLostError(PgLogicalError):
+    """The exported snapshot can no longer be imported: the connection holding it was lost."""
+
+
+class RowTooLargeError(PgLogicalError):
+    """A single row is larger than ``max_memory_bytes`` lets one copy worker hold."""
+
+
+class TableDroppedError(PgLogicalError):
+    """A published table was dropped while the snapshot was being copied."""
+
+
+class RowSecurityError(PrivilegeError):
+    """A published table has row-level security and the role may not bypass it."""
+
+
+class TableNotPublishedError(PgLogicalError):
+    """A table named for a snapshot is not in the publications the slot reads."""
+
+
+class SparkEngineUnsupportedError(PgLogicalError):
+    """The Spark copy engine cannot copy this source (socket host, arrays, SQL_ASCII): use the local one."""

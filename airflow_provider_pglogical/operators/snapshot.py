@@ -10,8 +10,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.exceptions import AirflowSkipException
 from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.engine.snapshot import (

@@ -24,17 +24,15 @@ The names below are the package's public ones; import them from here.
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.engine.snapshot.copy_text import RowTooLargeError, decode_copy_text
-from airflow_provider_pglogical.engine.snapshot.exported import SnapshotLostError, import_snapshot
+from airflow_provider_pglogical.engine.snapshot.copy_text import decode_copy_text
+from airflow_provider_pglogical.engine.snapshot.exported import import_snapshot
 from airflow_provider_pglogical.engine.snapshot.local_engine import DEFAULT_BATCH_BYTES
 from airflow_provider_pglogical.engine.snapshot.plan import (
     DEFAULT_MIN_RANGE_BYTES,
     DEFAULT_PARALLELISM,
     DEFAULT_RANGE_BYTES,
     ColumnPlan,
-    RowSecurityError,
     TableCopy,
-    TableDroppedError,
     TablePlan,
 )
 from airflow_provider_pglogical.engine.snapshot.run import (
@@ -50,6 +48,12 @@ from airflow_provider_pglogical.engine.snapshot.spark_engine import (
     SPARK_JOB_PATH,
     SPARK_PASSWORD_ENV,
     jdbc_connection,
+)
+from airflow_provider_pglogical.errors import (
+    RowSecurityError,
+    RowTooLargeError,
+    SnapshotLostError,
+    TableDroppedError,
 )
 
 __all__ = [

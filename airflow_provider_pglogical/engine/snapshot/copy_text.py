@@ -17,16 +17,12 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from airflow_provider_pglogical.engine.snapshot.plan import TablePlan
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import RowTooLargeError
 from airflow_provider_pglogical.values import overflow
 from airflow_provider_pglogical.values.raw_text import escape_raw_text
 
 # A row is held in pieces, joined, then parsed into Arrow strings and typed: about four copies.
 _ROW_COPIES = 4
-
-
-class RowTooLargeError(PgLogicalError):
-    """A single row is larger than ``max_memory_bytes`` lets one copy worker hold."""
 
 
 # COPY's text format escapes exactly these (and the backslash itself) as backslash + letter.

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg2.errors
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import SnapshotLostError
 
 # Workers sit idle in their transaction between ranges, like the holder (SNAPSHOT_HOLDER_OPTIONS).
 # row_security = off makes a policy fail the copy loudly instead of hiding rows from it.
@@ -24,10 +24,6 @@ HOLDER_ADVICE = (
     "If it happens again, look for what ends idle connections: pg_terminate_backend jobs, proxies, "
     "idle_in_transaction_session_timeout or idle_session_timeout set for the role or database."
 )
-
-
-class SnapshotLostError(PgLogicalError):
-    """The exported snapshot can no longer be imported: the connection holding it was lost."""
 
 
 def import_snapshot(conn: Any, snapshot_name: str) -> None:

@@ -27,14 +27,15 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.engine.snapshot.copy_text import typed_batches
 from airflow_provider_pglogical.engine.snapshot.exported import WORKER_OPTIONS, import_snapshot
-from airflow_provider_pglogical.engine.snapshot.plan import (
-    RowSecurityError,
-    TableCopy,
-    TableDroppedError,
-    TablePlan,
-)
+from airflow_provider_pglogical.engine.snapshot.plan import TableCopy, TablePlan
 from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
-from airflow_provider_pglogical.errors import ConnectionLostError, PrivilegeError, StagingNotWritableError
+from airflow_provider_pglogical.errors import (
+    ConnectionLostError,
+    PrivilegeError,
+    RowSecurityError,
+    StagingNotWritableError,
+    TableDroppedError,
+)
 from airflow_provider_pglogical.replication import connect
 from airflow_provider_pglogical.replication.connection import (
     ConnParams,

@@ -18,7 +18,13 @@ import pyarrow as pa
 from psycopg2 import sql
 
 from airflow_provider_pglogical.engine.snapshot.exported import WORKER_OPTIONS, import_snapshot
-from airflow_provider_pglogical.errors import PgLogicalError, PrivilegeError, PublicationEmptyError
+from airflow_provider_pglogical.errors import (
+    PrivilegeError,
+    PublicationEmptyError,
+    RowSecurityError,
+    TableDroppedError,
+    TableNotPublishedError,
+)
 from airflow_provider_pglogical.formats.manifest import ColumnManifest, TableManifest, table_dir_name
 from airflow_provider_pglogical.replication import connect
 from airflow_provider_pglogical.replication.connection import ConnParams
@@ -29,14 +35,6 @@ from airflow_provider_pglogical.values.arrow_types import arrow_type, pg_type_na
 DEFAULT_PARALLELISM = 2
 DEFAULT_RANGE_BYTES = 256 * 1024 * 1024
 DEFAULT_MIN_RANGE_BYTES = 16 * 1024 * 1024
-
-
-class TableDroppedError(PgLogicalError):
-    """A published table was dropped while the snapshot was being copied."""
-
-
-class RowSecurityError(PrivilegeError):
-    """A published table has row-level security and the role may not bypass it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +281,7 @@ def _select_tables(published: list[PublishedTable], tables: Sequence[str] | None
         else:
             unknown.append(name)
     if unknown:
-        raise PgLogicalError(
+        raise TableNotPublishedError(
             f"table(s) {', '.join(unknown)} are not published by the given publication(s); published: "
             f"{', '.join(sorted(by_name)) or 'none'}. Add them with ALTER PUBLICATION … ADD TABLE."
         )

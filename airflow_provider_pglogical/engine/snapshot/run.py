@@ -21,7 +21,7 @@ from typing import Any, Literal
 import psycopg2
 
 from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
-from airflow_provider_pglogical.engine.snapshot.exported import HOLDER_ADVICE, SnapshotLostError
+from airflow_provider_pglogical.engine.snapshot.exported import HOLDER_ADVICE
 from airflow_provider_pglogical.engine.snapshot.local_engine import (
     DEFAULT_BATCH_BYTES,
     CopyCounters,
@@ -44,6 +44,7 @@ from airflow_provider_pglogical.errors import (
     SlotExistsError,
     SlotLostError,
     SlotNotFoundError,
+    SnapshotLostError,
 )
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import (

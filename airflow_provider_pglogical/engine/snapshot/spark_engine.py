@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from airflow_provider_pglogical.engine.snapshot.exported import IMPORT_SNAPSHOT, WORKER_OPTIONS
 from airflow_provider_pglogical.engine.snapshot.plan import ColumnPlan, TableCopy, TablePlan
 from airflow_provider_pglogical.engine.staging import StagingLocation
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import SparkEngineUnsupportedError
 from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS, ConnParams, stores_raw_text
 from airflow_provider_pglogical.values import overflow
@@ -60,7 +60,7 @@ def jdbc_connection(conn_params: ConnParams) -> tuple[str, dict[str, str], str |
     params = dict(psycopg2.extensions.parse_dsn(conn_params) if isinstance(conn_params, str) else conn_params)
     host = str(params.get("host") or "localhost")
     if host.startswith("/"):
-        raise PgLogicalError(
+        raise SparkEngineUnsupportedError(
             f"the Spark copy engine needs a TCP host; {host!r} is a Unix socket directory. Use the "
             "server's host name or address in the connection."
         )
@@ -110,12 +110,12 @@ def spark_job_spec(
         if not _spark_can_type(column.arrow_type)
     ]
     if unsupported:
-        raise PgLogicalError(
+        raise SparkEngineUnsupportedError(
             f"the Spark copy engine cannot type {', '.join(unsupported)} (arrays need the local "
             "engine's text conversion); use copy_engine='local' or choose other tables"
         )
     if stores_raw_text(catalog):
-        raise PgLogicalError(
+        raise SparkEngineUnsupportedError(
             f"database {database!r} is SQL_ASCII: the Spark copy engine reads through JDBC as "
             "UTF-8, which the server refuses for stored bytes that are not UTF-8; use "
             "copy_engine='local', which stages them by the SQL_ASCII rule (docs/FORMATS.md)"
@@ -135,7 +135,7 @@ def spark_job_spec(
             }
         )
     if not _SNAPSHOT_NAME.match(snapshot_name):
-        raise PgLogicalError(f"unexpected exported snapshot name {snapshot_name!r}")
+        raise SparkEngineUnsupportedError(f"unexpected exported snapshot name {snapshot_name!r}")
     return {
         "jdbc_url": jdbc_url,
         "properties": {**jdbc_properties, "options": session},

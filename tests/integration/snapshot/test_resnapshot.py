@@ -17,7 +17,12 @@ import pytest
 from snapshot_helpers import staged_table
 
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.errors import PgLogicalError, SlotExistsError, SlotNotFoundError
+from airflow_provider_pglogical.errors import (
+    PublicationAllTablesError,
+    ReplicaIdentityFilterError,
+    SlotExistsError,
+    SlotNotFoundError,
+)
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.replication import (
     TableSpec,
@@ -94,7 +99,7 @@ def test_recover_refuses_a_healthy_slot_and_recreates_a_dropped_one(
 def test_snapshot_operator_rerun_resumes_then_skips(
     pg_cluster: PostgresCluster, pg_dbname: str, pipeline: dict[str, Any]
 ) -> None:
-    from airflow.exceptions import AirflowSkipException
+    from airflow.sdk.exceptions import AirflowSkipException
 
     conn_id = f"pgl_{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as mp:
@@ -132,7 +137,9 @@ def test_publish_tables_is_idempotent_and_refuses_what_would_break_writes(
     try:
         # amount is not in the replica identity (the primary key): PostgreSQL would accept the
         # filter and then reject every UPDATE of refunds.
-        with pytest.raises(PgLogicalError, match="would make every UPDATE and DELETE of the table fail"):
+        with pytest.raises(
+            ReplicaIdentityFilterError, match="would make every UPDATE and DELETE of the table fail"
+        ):
             publish_tables(conn, "pub", [spec])
         assert not conn.closed and conn.status == psycopg2.extensions.STATUS_READY
         pg_cluster.execute("ALTER TABLE refunds REPLICA IDENTITY USING INDEX refunds_identity", pg_dbname)
@@ -152,7 +159,7 @@ def test_publish_tables_is_idempotent_and_refuses_what_would_break_writes(
     pg_cluster.execute("CREATE PUBLICATION everything FOR ALL TABLES", pg_dbname)
     conn = connect(pipeline["dsn"], autocommit=False)
     try:
-        with pytest.raises(PgLogicalError, match="FOR ALL TABLES"):
+        with pytest.raises(PublicationAllTablesError, match="FOR ALL TABLES"):
             publish_tables(conn, "everything", [spec])
     finally:
         conn.close()

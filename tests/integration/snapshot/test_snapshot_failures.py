@@ -15,11 +15,11 @@ from airflow_provider_pglogical.engine.snapshot import (
     take_snapshot,
 )
 from airflow_provider_pglogical.errors import (
-    PgLogicalError,
     PrivilegeError,
     PublicationEmptyError,
     PublicationNotFoundError,
     SlotExistsError,
+    TableNotPublishedError,
 )
 from airflow_provider_pglogical.testing import PostgresCluster
 
@@ -53,7 +53,7 @@ def test_missing_or_empty_publication_fails_before_creating_a_slot(
     with pytest.raises(PublicationEmptyError, match="publish no table"):
         take_snapshot(dsn, "s_empty", ["empty"], str(tmp_path))
     pg_cluster.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION p FOR TABLE t", pg_dbname)
-    with pytest.raises(PgLogicalError, match=r"other are not published.*published: public\.t"):
+    with pytest.raises(TableNotPublishedError, match=r"other are not published.*published: public\.t"):
         take_snapshot(dsn, "s_subset", ["p"], str(tmp_path), tables=["other"])
     assert not [s for s in _slots(pg_cluster) if s.startswith("s_")]
     assert _staged(tmp_path) == []

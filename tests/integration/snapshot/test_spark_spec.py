@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_pglogical.engine.snapshot import SnapshotRun, jdbc_connection
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import SparkEngineUnsupportedError
 from airflow_provider_pglogical.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ def test_jdbc_connection_keeps_the_password_out_of_the_properties() -> None:
         "user": "cdc", "sslmode": "verify-full", "ApplicationName": "pgl", "tcpKeepAlive": "true",
     }  # fmt: skip
     assert password == "s3cret"
-    with pytest.raises(PgLogicalError, match="Unix socket"):
+    with pytest.raises(SparkEngineUnsupportedError, match="Unix socket"):
         jdbc_connection({"host": "/var/run/postgresql", "dbname": "x"})
 
 
@@ -48,7 +48,7 @@ def test_spark_spec_imports_the_snapshot_and_refuses_arrays_before_submitting(
         with pytest.raises(ValueError, match="password"):
             run.spark_job_spec(url, {**properties, "password": "x"})
     with (
-        pytest.raises(PgLogicalError, match=r"public\.tagged\.tags.*copy_engine='local'"),
+        pytest.raises(SparkEngineUnsupportedError, match=r"public\.tagged\.tags.*copy_engine='local'"),
         SnapshotRun(pg_cluster.dsn(db), "spec_arrays", ["tagged_pub"], str(tmp_path)) as run,
     ):
         run.spark_job_spec(url, properties)

@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from airflow_provider_pglogical.engine.snapshot.copy_text import RowTooLargeError, _whole_rows
+from airflow_provider_pglogical.engine.snapshot.copy_text import _whole_rows
+from airflow_provider_pglogical.errors import RowTooLargeError
 
 
 def _stream(data: bytes) -> io.BufferedReader:
