@@ -301,7 +301,7 @@ class SoakPipeline:
         """
         self.sandbox.migrate()
         trigger = self.rng.choice(["delay", "staged", "committed"])
-        delay = self.rng.uniform(5.0, 60.0) if trigger == "delay" else self.rng.uniform(0.0, 15.0)
+        delay = self.rng.uniform(3.0, 30.0) if trigger == "delay" else self.rng.uniform(0.0, 10.0)
         conf = {
             "pglogical_conn_id": "soak", "publication": self.publication, "slot": SLOT,
             "staging": str(self.staging), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
