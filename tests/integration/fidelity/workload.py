@@ -68,6 +68,10 @@ class Table:
     row_filter: sql.Composable | None = None  # the publication's WHERE for this table
     column_list: list[str] | None = None  # the publication's column list for this table
     pinned: set[str] = field(default_factory=set)  # in the filter or the list: never dropped or retyped
+    # The insert after an ALTER shows it to every published relation of the table (README, Known
+    # limits: the lake learns of a column with the relation's next change); not so through a row
+    # filter, or into one of several partitions published each as a table of its own.
+    alterable: bool = True
 
     @property
     def ident(self) -> sql.Identifier:
@@ -343,7 +347,7 @@ class Workload:
 
     def _operation(self, t: Table) -> Statement | None:
         rng = self.rng
-        choices = ["insert"] * 4 + ["alter"]
+        choices = ["insert"] * 4 + (["alter"] if t.alterable else [])
         if t.rows:
             choices += ["truncate"] if rng.random() < 0.15 else []
             choices += ["update"] * 4 + ["delete"] * 2 if t.changeable else []
