@@ -51,7 +51,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SEEDS_ENV = "PGLOGICAL_SOAK_SEEDS"
 ROUNDS_ENV = "PGLOGICAL_SOAK_ROUNDS"
-DEFAULT_SEEDS = [2, 3]  # ~2 min: re-snapshot race, apply twice, drain killed mid-window, ack lost
+DEFAULT_SEEDS = [2, 3]  # ~2 min: DAG run killed, apply killed; partitions via root, filter, list, large txns
 DEFAULT_ROUNDS = 2
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 # The soak's own cluster: prepared transactions, and a decoding memory small enough that the
