@@ -27,14 +27,31 @@ MISSING_VALUES_PREFIX = "missing"
 
 # attmissingval is a one-element anyarray of the column's type; its text re-read as text[] gives
 # the element's text form. A default of any kind: the column's own, an identity, a domain's.
+# A partitioned table stores no rows: its partitions keep the missing values (by column name, as
+# their column numbers may differ), and a value counts only when every partition keeps the same.
 _FACTS_SQL = """
-SELECT a.attname::text, a.atthasmissing,
-       CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END,
+WITH missing AS (
+    SELECT a.attrelid, a.attname, a.atthasmissing AS has,
+           CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END AS value
+    FROM pg_attribute a
+    WHERE a.attnum > 0 AND NOT a.attisdropped
+)
+SELECT a.attname::text,
+       coalesce(p.has, m.has),
+       CASE WHEN coalesce(p.has, m.has) THEN coalesce(p.value, m.value) END,
        a.atthasdef OR a.attidentity <> '' OR t.typdefaultbin IS NOT NULL OR t.typdefault IS NOT NULL
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_type t ON t.oid = a.atttypid
+JOIN missing m ON m.attrelid = a.attrelid AND m.attname = a.attname
+LEFT JOIN LATERAL (
+    SELECT bool_and(l.has) AND count(DISTINCT l.value) = 1 AS has, min(l.value) AS value
+    FROM pg_partition_tree(c.oid) tree
+    JOIN missing l ON l.attrelid = tree.relid AND l.attname = a.attname
+    WHERE tree.isleaf
+    HAVING count(*) > 0
+) p ON c.relkind = 'p'
 WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
 """
 

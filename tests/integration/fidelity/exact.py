@@ -172,19 +172,41 @@ def _row_texts(cur: Any, relation: sql.Composable) -> Counter[str]:
     return Counter({text: count for text, count in cur.fetchall()})
 
 
-def compare_exact(dsn: str, lake: LakeConfig, schema: str, table: str) -> ExactResult:
-    """Compare one source table with its lake table through PostgreSQL's own text output."""
+def _published(cur: Any, publication: str, source: sql.Identifier) -> sql.Composable:
+    """``SELECT <published columns> FROM [ONLY] t [WHERE <row filter>]``, as PostgreSQL states them.
+
+    ``pg_publication_tables`` gives the column list (every column without one) and the row
+    filter; ``ONLY`` for all but a partitioned root, which reads its partitions.
+    """
+    cur.execute(
+        "SELECT attnames::text[], rowfilter, c.relkind::text FROM pg_publication_tables p "
+        "JOIN pg_namespace n ON n.nspname = p.schemaname "
+        "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename "
+        "WHERE pubname = %s AND schemaname = %s AND tablename = %s",
+        (publication, *source.strings),
+    )
+    found = cur.fetchone()
+    if found is None:
+        raise AssertionError(f"{'.'.join(source.strings)} is not in publication {publication!r}")
+    names, row_filter, relkind = found
+    query = sql.SQL("SELECT {} FROM {}{}").format(
+        sql.SQL(", ").join(map(sql.Identifier, names)), sql.SQL("" if relkind == "p" else "ONLY "), source
+    )
+    if row_filter is None:
+        return query
+    return sql.SQL("{} WHERE {}").format(query, sql.SQL(row_filter))
+
+
+def compare_exact(dsn: str, lake: LakeConfig, publication: str, schema: str, table: str) -> ExactResult:
+    """Compare one published table with its lake table through PostgreSQL's own text output."""
     source = sql.Identifier(schema, table)
     conn = psycopg2.connect(dsn)
     try:
         with conn.cursor() as cur:
-            cur.execute(
-                "SELECT attname::text FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-                "AND NOT attisdropped ORDER BY attnum",
-                (source.as_string(conn),),
-            )
-            names = [r[0] for r in cur.fetchall()]
-            expected = _row_texts(cur, sql.SQL("ONLY {}").format(source))
+            published = _published(cur, publication, source)
+            cur.execute(sql.SQL("SELECT * FROM ({}) t LIMIT 0").format(published))
+            names = [d.name for d in cur.description]
+            expected = _row_texts(cur, sql.SQL("({})").format(published))
             rows = sum(expected.values())
             try:
                 data = read_table(lake, schema, table)
@@ -203,9 +225,7 @@ def compare_exact(dsn: str, lake: LakeConfig, schema: str, table: str) -> ExactR
                     values = [e if e is not None else v for v, e in zip(values, exact, strict=True)]
                 columns.append(values)
             cur.execute(
-                sql.SQL("CREATE TEMP TABLE {} AS SELECT {} FROM ONLY {} WITH NO DATA").format(
-                    sql.Identifier(SCRATCH), sql.SQL(", ").join(map(sql.Identifier, names)), source
-                )
+                sql.SQL("CREATE TEMP TABLE {} AS {} WITH NO DATA").format(sql.Identifier(SCRATCH), published)
             )
             lines = "".join("\t".join(map(_copy_escape, row)) + "\n" for row in zip(*columns, strict=True))
             try:
@@ -236,6 +256,6 @@ def compare_all(
     unverified = {f"{s}.{t}" for s, t in tables} - {r.table for r in results}
     if unverified:
         problems.append(f"verify.compare_tables did not compare {sorted(unverified)}")
-    exact = [compare_exact(dsn, lake, schema, table) for schema, table in tables]
+    exact = [compare_exact(dsn, lake, publication, schema, table) for schema, table in tables]
     problems += ["exact: " + r.report() for r in exact if r.differences]
     return sum(r.source_rows for r in exact), problems

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from random import Random
 
@@ -63,6 +64,14 @@ class Table:
     columns: list[Column]
     rows: Counter[int] = field(default_factory=Counter)  # key number or tag -> copies
     dropped: dict[str, PgType] = field(default_factory=dict)  # a name re-added keeps its old type
+    partitions: int = 0  # hash partitions on the first key (or the tag) column; 0: a plain table
+    row_filter: sql.Composable | None = None  # the publication's WHERE for this table
+    column_list: list[str] | None = None  # the publication's column list for this table
+    pinned: set[str] = field(default_factory=set)  # in the filter or the list: never dropped or retyped
+    # The insert after an ALTER shows it to every published relation of the table (README, Known
+    # limits: the lake learns of a column with the relation's next change); not so through a row
+    # filter, or into one of several partitions published each as a table of its own.
+    alterable: bool = True
 
     @property
     def ident(self) -> sql.Identifier:
@@ -80,6 +89,16 @@ class Table:
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}"
+
+    @property
+    def leaves(self) -> list[sql.Identifier]:
+        """The partitions of a partitioned table (none for a plain one)."""
+        return [sql.Identifier(self.schema, f"{self.name} p{r}") for r in range(self.partitions)]
+
+    @property
+    def scan(self) -> sql.Composable:
+        """This table's own rows: ``ONLY`` skips inheritance children; a partitioned root reads its leaves."""
+        return self.ident if self.partitions else sql.SQL("ONLY {}").format(self.ident)
 
 
 Statement = sql.Composable
@@ -100,6 +119,7 @@ class Workload:
         self.rng = rng = Random(seed)
         self.counter = 0
         self.publication = "fidelity pub"
+        self.via_root: bool | None = None  # publish_via_partition_root, when set
         schemas = rng.sample(SCHEMAS, rng.randint(1, 2))
         self.setup: list[Statement] = [
             sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(s)) for s in schemas if s != "public"
@@ -112,12 +132,9 @@ class Workload:
         if not any(s.startswith("full") for s in shapes):
             shapes[0] = rng.choice(["full_pk", "full_nokey"])  # every seed has a FULL table
         self.tables = [self._table(rng.choice(schemas), n, s) for n, s in zip(names, shapes, strict=True)]
+        self._decorate()
         self.setup += [self._create(t) for t in self.tables]
-        self.setup.append(
-            sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                sql.Identifier(self.publication), sql.SQL(", ").join(t.ident for t in self.tables)
-            )
-        )
+        self.setup.append(self._publication())
         self.initial = [self._initial_rows(t) for t in self.tables]
         self.rounds = [self._round() for _ in range(rounds)]
 
@@ -138,16 +155,60 @@ class Workload:
             columns.insert(rng.randint(1, len(columns)), Column(next(names), TEXT, big=True))
         return Table(schema, name, shape, columns)
 
+    def _decorate(self) -> None:
+        """Partitions, row filters, column lists: none here (the crash soak's workload adds them)."""
+
     def _create(self, t: Table) -> Statement:
         items = [sql.SQL("{} {}").format(sql.Identifier(c.name), c.type.sql) for c in t.columns]
         keys = [sql.Identifier(c.name) for c in t.columns if c.key]
         if keys:
             items.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(keys)))
-        create = sql.SQL("CREATE TABLE {} ({})").format(t.ident, sql.SQL(", ").join(items))
+        statements = [sql.SQL("CREATE TABLE {} ({})").format(t.ident, sql.SQL(", ").join(items))]
+        if t.partitions:
+            by = next(c for c in t.columns if c.key or c.tag)
+            statements[0] = sql.SQL("{} PARTITION BY HASH ({})").format(
+                statements[0], sql.Identifier(by.name)
+            )
+            statements += [
+                sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES WITH (MODULUS {}, REMAINDER {})").format(
+                    leaf, t.ident, sql.Literal(t.partitions), sql.Literal(r)
+                )
+                for r, leaf in enumerate(t.leaves)
+            ]
         identity = {"full_pk": "FULL", "full_nokey": "FULL", "nokey_nothing": "NOTHING"}.get(t.shape)
-        if identity is None:
-            return create
-        return sql.SQL("{}; ALTER TABLE {} REPLICA IDENTITY {}").format(create, t.ident, sql.SQL(identity))
+        if identity is not None:  # each partition has its own replica identity
+            statements += [
+                sql.SQL("ALTER TABLE {} REPLICA IDENTITY {}").format(relation, sql.SQL(identity))
+                for relation in [t.ident, *t.leaves]
+            ]
+        return sql.SQL("; ").join(statements)
+
+    def _publication(self) -> Statement:
+        items = []
+        for t in self.tables:
+            item = t.ident
+            if t.column_list is not None:
+                names = sql.SQL(", ").join(map(sql.Identifier, t.column_list))
+                item = sql.SQL("{} ({})").format(item, names)
+            if t.row_filter is not None:
+                item = sql.SQL("{} WHERE ({})").format(item, t.row_filter)
+            items.append(item)
+        statement = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(self.publication), sql.SQL(", ").join(items)
+        )
+        if self.via_root is None:
+            return statement
+        return sql.SQL("{} WITH (publish_via_partition_root = {})").format(
+            statement, sql.Literal(self.via_root)
+        )
+
+    def published(self) -> list[tuple[str, str]]:
+        """(schema, table) of every published relation: partitions unless published via their root."""
+        out = []
+        for t in self.tables:
+            relations = t.leaves if t.partitions and not self.via_root else [t.ident]
+            out += [(r.strings[0], r.strings[1]) for r in relations]
+        return out
 
     # --- values and row selection ---------------------------------------------------------------
 
@@ -173,29 +234,34 @@ class Workload:
                 if c.key
             )
         tag = next(c for c in t.columns if c.tag)
-        return sql.SQL("ctid = (SELECT ctid FROM ONLY {} WHERE {} = {} LIMIT 1)").format(
-            t.ident, sql.Identifier(tag.name), sql.Literal(n)
+        return sql.SQL("(tableoid, ctid) = (SELECT tableoid, ctid FROM {} WHERE {} = {} LIMIT 1)").format(
+            t.scan, sql.Identifier(tag.name), sql.Literal(n)
         )
 
     # --- statements -----------------------------------------------------------------------------
 
-    def _insert(self, t: Table) -> Statement:
+    def _row(self, t: Table, value: Callable[[Column], str | None] | None = None) -> sql.Composable:
+        """A new row's ``(values)``, recorded in the model; ``value`` draws the non-key values."""
         self.counter += 1
         n = self.counter
+        value = value or self._value
         values = [
-            _lit(self._key_value(c, n) if c.key else str(n) if c.tag else self._value(c), c.type)
-            for c in t.columns
+            _lit(self._key_value(c, n) if c.key else str(n) if c.tag else value(c), c.type) for c in t.columns
         ]
         t.rows[n] += 1
-        return sql.SQL("INSERT INTO {} ({}) VALUES ({})").format(
-            t.ident, sql.SQL(", ").join(sql.Identifier(c.name) for c in t.columns), sql.SQL(", ").join(values)
+        return sql.SQL("({})").format(sql.SQL(", ").join(values))
+
+    def _insert(self, t: Table) -> Statement:
+        row = self._row(t)
+        return sql.SQL("INSERT INTO {} ({}) VALUES {}").format(
+            t.ident, sql.SQL(", ").join(sql.Identifier(c.name) for c in t.columns), row
         )
 
     def _duplicate(self, t: Table) -> Statement:
         """An exact copy of an existing row (tables without a key)."""
         n = self.rng.choice(sorted(t.rows))
         t.rows[n] += 1
-        return sql.SQL("INSERT INTO {0} SELECT * FROM ONLY {0} WHERE {1}").format(t.ident, self._where(t, n))
+        return sql.SQL("INSERT INTO {} SELECT * FROM {} WHERE {}").format(t.ident, t.scan, self._where(t, n))
 
     def _update(self, t: Table) -> Statement:
         rng = self.rng
@@ -252,7 +318,7 @@ class Workload:
         rng = self.rng
         taken = {c.name for c in t.columns}
         free = [n for n in COLUMNS + [f"added {i}" for i in range(9)] if n not in taken]
-        droppable = [c for c in t.columns if not (c.key or c.tag)]
+        droppable = [c for c in t.columns if not (c.key or c.tag or c.name in t.pinned)]
         widenable = [c for c in droppable if c.type.widens_to]
         kind = rng.choice(["add_default", "add", "drop", "widen"])
         if kind == "widen" and widenable:
@@ -281,7 +347,7 @@ class Workload:
 
     def _operation(self, t: Table) -> Statement | None:
         rng = self.rng
-        choices = ["insert"] * 4 + ["alter"]
+        choices = ["insert"] * 4 + (["alter"] if t.alterable else [])
         if t.rows:
             choices += ["truncate"] if rng.random() < 0.15 else []
             choices += ["update"] * 4 + ["delete"] * 2 if t.changeable else []

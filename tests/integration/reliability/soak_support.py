@@ -1,11 +1,13 @@
-"""The crash soak's pipeline: the fidelity workload, writers racing the steps, crashes, and the audits.
+"""The crash soak's pipeline: the soak workload, writers racing the steps, crashes, and the audits.
 
-``SoakPipeline`` runs the pipeline's own steps in this process (``drain_batch``, the apply job's
-``apply_manifest``, the ack's check and ``advance_slot``), and each crash exactly as a killed
-worker leaves it: a drain SIGKILLed in its own process, the apply job submitted with
-``spark-submit`` (as the operator submits it) and its process group SIGKILLed, an apply whose
-ack never ran, an apply run twice, and a re-snapshot of one table from a temporary slot racing
-the CDC apply. Recovery is what a user does: run the round (drain, apply, ack) again.
+``SoakPipeline`` runs the pipeline's own steps in this process (``drain_batch`` with the SQL peek
+or protocol 2 streaming, picked per drain; the apply job's ``apply_manifest``; the ack's check
+and ``advance_slot``), and each crash exactly as a killed worker leaves it: a drain SIGKILLed in
+its own process, the apply job submitted with ``spark-submit`` (as the operator submits it) and
+its process group SIGKILLed, ``airflow dags test`` of the CDC DAG SIGKILLed with its tasks and
+spark-submit, an apply whose ack never ran, an apply run twice, and a re-snapshot of one table
+from a temporary slot racing the CDC apply. Recovery is what a user does: run the round (drain,
+apply, ack) again.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,7 +36,7 @@ from pyspark.sql import SparkSession
 from steps import acknowledge
 from workload import Transaction
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, Transport, drain_batch
 from airflow_provider_pglogical.engine.lake_catalog import open_catalog, unapplied_tables
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.staging import read_manifest
@@ -41,12 +44,16 @@ from airflow_provider_pglogical.errors import ResnapshotNeededError, SlotActiveE
 from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import Manifest
+from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
+from airflow_provider_pglogical.testing import AirflowSandbox
 
 SLOT = "soak"
-CRASHES = ["drain_kill", "apply_kill", "ack_lost", "apply_twice", "resnapshot_race"]
+CRASHES = ["drain_kill", "apply_kill", "dag_kill", "ack_lost", "apply_twice", "resnapshot_race"]
+TRANSPORTS: list[Transport] = ["peek", "stream"]  # each drain picks one: SQL peek, or protocol 2 streaming
+CDC_DAG = "pglogical_cdc_microbatch"
 CHANGE_KEY = ("_pgl_commit_lsn", "_pgl_seq")
 
 # One drain, run in its own process so that it can be SIGKILLed mid-window.
@@ -54,17 +61,19 @@ DRAIN_SCRIPT = """
 import json, sys
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 args = json.loads(sys.argv[1])
-settings = DrainSettings(args["slot"], (args["publication"],), args["staging"], chunk_bytes=4096)
+settings = DrainSettings(
+    args["slot"], (args["publication"],), args["staging"], transport=args["transport"], chunk_bytes=4096
+)
 drain_batch(args["dsn"], settings)
 """
 
 
 def backfill_table(message: str) -> str:
     """The table a ``ResnapshotNeededError`` names, read from the backfill command it prints."""
-    match = re.search(r"--conf '(\{.*?\})'", message)
+    match = re.search(r"--conf ('(?:[^']|'\"'\"')*')", message)  # shell-quoted: it's is 'it'"'"'s'
     if match is None:
         raise AssertionError(f"the re-snapshot error names no backfill command: {message}")
-    tables = json.loads(match.group(1))["tables"]
+    tables = json.loads(shlex.split(match.group(1))[0])["tables"]
     assert len(tables) == 1, message
     return str(tables[0])
 
@@ -121,6 +130,8 @@ class SoakPipeline:
     publication: str
     root: Path
     rng: Random
+    sandbox: AirflowSandbox  # for the DAG run that ``dag_kill`` kills; its connections are set here
+    source_uri: str
     lake: LakeConfig = field(init=False)
     staging: Path = field(init=False)
     crashes: list[str] = field(default_factory=list)
@@ -134,6 +145,11 @@ class SoakPipeline:
         (self.root / "lake").mkdir(parents=True, exist_ok=True)
         self.lake = local_lake(str(self.root / "lake"), catalog=f"soak_{self.root.name[-8:]}")
         register_lake(self.spark, self.lake)
+        self.sandbox.connections = {
+            "soak": self.source_uri,
+            "spark_local": "spark://local%5B2%5D",
+            "lake": connection_json(self.lake),
+        }
 
     # --- the pipeline's steps -------------------------------------------------------------------
 
@@ -144,7 +160,8 @@ class SoakPipeline:
 
     def drain(self) -> tuple[Manifest, str]:
         """The drain task with its retries: a killed drain's backend may hold the slot a moment."""
-        settings = DrainSettings(SLOT, (self.publication,), str(self.staging))
+        transport = self.rng.choice(TRANSPORTS)
+        settings = DrainSettings(SLOT, (self.publication,), str(self.staging), transport=transport)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -197,6 +214,7 @@ class SoakPipeline:
         crashes: dict[str, Callable[[], str]] = {
             "drain_kill": self._drain_kill,
             "apply_kill": self._apply_kill,
+            "dag_kill": self._dag_kill,
             "ack_lost": self._ack_lost,
             "apply_twice": self._apply_twice,
             "resnapshot_race": self._resnapshot_race,
@@ -206,7 +224,10 @@ class SoakPipeline:
 
     def _drain_kill(self) -> str:
         """SIGKILL the drain after its first staged part file, or after a random delay."""
-        args = {"dsn": self.dsn, "slot": SLOT, "publication": self.publication, "staging": str(self.staging)}
+        args = {
+            "dsn": self.dsn, "slot": SLOT, "publication": self.publication, "staging": str(self.staging),
+            "transport": self.rng.choice(TRANSPORTS),
+        }  # fmt: skip
         wait_for_part = self.rng.random() < 0.5
         delay = self.rng.uniform(0.05, 1.0)
         started = time.monotonic()
@@ -269,6 +290,61 @@ class SoakPipeline:
         return (
             f"apply_kill: SIGKILL of the process group {trigger}, {time.monotonic() - started:.1f} s in, "
             f"{pending - left}/{pending} tables committed"
+        )
+
+    def _dag_kill(self) -> str:
+        """SIGKILL ``airflow dags test`` of the CDC DAG (its process group: the tasks and spark-submit).
+
+        At a random delay, a moment after its drain staged the batch, or after the batch's first
+        table committed: wherever the run is, the kill leaves it as a dead worker machine would.
+        """
+        self.sandbox.migrate()
+        trigger = self.rng.choice(["delay", "staged", "committed"])
+        delay = self.rng.uniform(3.0, 30.0) if trigger == "delay" else self.rng.uniform(0.0, 10.0)
+        conf = {
+            "pglogical_conn_id": "soak", "publication": self.publication, "slot": SLOT,
+            "staging": str(self.staging), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
+        }  # fmt: skip
+        before = {d for d, _ in self.batches()}
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        started = time.monotonic()
+        staged: Manifest | None = None
+        staged_at = started
+        with (self.root / "dag-runs.log").open("a") as log:
+            proc = subprocess.Popen(
+                [airflow, "dags", "test", CDC_DAG, "--conf", json.dumps(conf)],
+                env=self.sandbox.environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        while proc.poll() is None and time.monotonic() - started < 300:
+            now = time.monotonic()
+            if staged is None:
+                new = [m for d, m in self.batches() if d not in before]
+                if new:
+                    staged, staged_at = new[0], now
+                    self.changes += staged.stats.changes
+            if trigger == "delay" and now - started >= delay:
+                break
+            if trigger == "staged" and staged is not None and now - staged_at >= delay:
+                break
+            if (
+                trigger == "committed"
+                and staged is not None
+                and staged.tables
+                and len(unapplied_tables(self.lake, staged)) < len(staged.tables)
+            ):
+                break
+            time.sleep(0.2)
+        took = time.monotonic() - started
+        if proc.poll() is not None:
+            return f"dag_kill: the DAG run ended first (rc {proc.returncode}, {took:.1f} s, {trigger})"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if staged is None:
+            return f"dag_kill: SIGKILL ({trigger}) {took:.1f} s in, before the drain staged a batch"
+        left = len(unapplied_tables(self.lake, staged)) if staged.tables else 0
+        return (
+            f"dag_kill: SIGKILL ({trigger}) {took:.1f} s in, batch {staged.batch_id} staged, "
+            f"{len(staged.tables) - left}/{len(staged.tables)} tables committed"
         )
 
     def _ack_lost(self) -> str:

@@ -1,9 +1,11 @@
 """Randomized differential soak: the fidelity workload, writers racing every step, one crash per round.
 
-Per seed: the fidelity generator's schema and workload (``workload.Workload``), a writer thread
-committing one round of its transactions while the snapshot runs and one more during each CDC
-round, and in each round one crash the seed picks (``soak_support.CRASHES``): the drain
-SIGKILLed mid-window, the spark-submit apply's process group SIGKILLed, the ack lost, the apply
+Per seed: the fidelity generator's schema and workload with partitions, row filters, column
+lists, prepared and large transactions (``soak_workload.SoakWorkload``) on the soak's own cluster
+(``SOAK_SETTINGS``), a writer thread committing one round of its transactions while the
+snapshot runs and one more during each CDC round, and in each round one crash the seed picks
+(``soak_support.CRASHES``): the drain SIGKILLed mid-window, the spark-submit apply's process
+group SIGKILLed, the ``airflow dags test`` run of the CDC DAG SIGKILLed, the ack lost, the apply
 run twice, a re-snapshot of one table racing the CDC apply. Recovery is the user's: run the
 round again (drain, apply, ack). Once the writer is done, one more round reaches the quiet
 source, and then:
@@ -27,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,20 +38,25 @@ from random import Random
 import psycopg2
 import pytest
 from exact import compare_all
+from psycopg2 import sql
 from pyspark.sql import SparkSession
 from seeds import parse_seeds
 from soak_support import CRASHES, SoakPipeline, Writer
-from workload import Workload
+from soak_workload import SoakWorkload
 
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SEEDS_ENV = "PGLOGICAL_SOAK_SEEDS"
 ROUNDS_ENV = "PGLOGICAL_SOAK_ROUNDS"
-DEFAULT_SEEDS = [2, 3]  # ~2 min: re-snapshot race, apply twice, drain killed mid-window, ack lost
+DEFAULT_SEEDS = [2, 3]  # ~2 min: DAG run killed, apply killed; partitions via root, filter, list, large txns
 DEFAULT_ROUNDS = 2
+DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
+# The soak's own cluster: prepared transactions, and a decoding memory small enough that the
+# workload's large transactions spill (peek) or stream (protocol 2) a few thousand rows in.
+SOAK_SETTINGS = {"max_prepared_transactions": "10", "logical_decoding_work_mem": "64kB"}
 
 
 def crash_plan(seed: int, rounds: int) -> Random:
@@ -85,6 +93,31 @@ def soak_summary(request: pytest.FixtureRequest) -> Iterator[list[SeedResult]]:
         show(request, line)
 
 
+@pytest.fixture(scope="module")
+def soak_cluster() -> Iterator[PostgresCluster]:
+    with PostgresCluster(settings=SOAK_SETTINGS) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def soak_dbname(soak_cluster: PostgresCluster) -> Iterator[str]:
+    """A fresh database per seed; a failed seed's pending prepared transactions are rolled back first."""
+    name = f"soak_{uuid.uuid4().hex[:10]}"
+    soak_cluster.create_database(name)
+    yield name
+    for (gid,) in soak_cluster.execute(
+        sql.SQL("SELECT gid FROM pg_prepared_xacts WHERE database = {}").format(sql.Literal(name))
+    ):
+        soak_cluster.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)), dbname=name)
+    soak_cluster.drop_database(name)
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> AirflowSandbox:
+    """One Airflow home for every seed's killed DAG runs, migrated on first use."""
+    return AirflowSandbox(tmp_path_factory.mktemp("soak-airflow"), DAGS)
+
+
 def quiet_lsn(dsn: str) -> Lsn:
     conn = psycopg2.connect(dsn)
     try:
@@ -95,9 +128,9 @@ def quiet_lsn(dsn: str) -> Lsn:
         conn.close()
 
 
-def check(pipeline: SoakPipeline, workload: Workload, step: str) -> tuple[int, list[str]]:
+def check(pipeline: SoakPipeline, workload: SoakWorkload, step: str) -> tuple[int, list[str]]:
     """Lake == source (verify and exact) at the acknowledged LSN, and the changelog exactly once."""
-    tables = [(t.schema, t.name) for t in workload.tables]
+    tables = workload.published()
     rows, problems = compare_all(pipeline.dsn, workload.publication, pipeline.lake, tables)
     problems += pipeline.changelog_problems(tables)
     return rows, [f"after {step}: {p}" for p in problems]
@@ -110,19 +143,22 @@ def check(pipeline: SoakPipeline, workload: Workload, step: str) -> tuple[int, l
 def test_crash_soak_seed(
     seed: int,
     spark: SparkSession,
-    pg_cluster: PostgresCluster,
-    pg_dbname: str,
+    soak_cluster: PostgresCluster,
+    soak_dbname: str,
+    sandbox: AirflowSandbox,
     soak_summary: list[SeedResult],
     request: pytest.FixtureRequest,
 ) -> None:
     started = time.monotonic()
     rounds = int(os.environ.get(ROUNDS_ENV) or DEFAULT_ROUNDS)
-    dsn = pg_cluster.dsn(pg_dbname)
-    workload = Workload(seed, rounds=rounds + 1)  # round 0 is written during the snapshot
+    dsn = soak_cluster.dsn(soak_dbname)
+    workload = SoakWorkload(seed, rounds=rounds + 1)  # round 0 is written during the snapshot
     rng = crash_plan(seed, rounds)
     workdir = Path(tempfile.mkdtemp(prefix=f"pgl-soak-seed{seed}-"))
     script = workdir / "workload.sql"
-    pipeline = SoakPipeline(spark, dsn, workload.publication, workdir, rng)
+    pipeline = SoakPipeline(
+        spark, dsn, workload.publication, workdir, rng, sandbox, soak_cluster.uri(soak_dbname)
+    )
     compared, problems, stage, failure = 0, [], "setup", None
     writer: Writer | None = None
     try:
