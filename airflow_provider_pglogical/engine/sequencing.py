@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MEMORY_BYTES = 512 << 20
 DECODER_PADDING = 16
-_B, _C, _S, _E, _SC, _SA = (ord(c) for c in "BCSEcA")
+_BEGIN_BYTE, _COMMIT_BYTE, _STREAM_START_BYTE, _STREAM_STOP_BYTE, _STREAM_COMMIT_BYTE, _STREAM_ABORT_BYTE = (
+    ord(c) for c in "BCSEcA"
+)
 _CONTROL = np.zeros(256, dtype=np.bool_)
 _CONTROL[[ord(c) for c in "BCSEcAbPKrp"]] = True
 _STREAMING = np.zeros(256, dtype=np.bool_)
@@ -271,7 +273,7 @@ class Sequencer:
 
     def _plain_chunk(self, raw: RawMessages, kinds: U8Array, control: I64Array) -> Iterator[Piece]:
         """No streaming message in sight: only Begin/Commit positions matter, found at once."""
-        commits = control[kinds[control] == _C]
+        commits = control[kinds[control] == _COMMIT_BYTE]
         position = 0
         if self.plain is not None:
             if not len(commits):
@@ -303,20 +305,20 @@ class Sequencer:
                 break
             previous = index + 1
             kind = int(kinds[index])
-            if kind == _B:
+            if kind == _BEGIN_BYTE:
                 direct.begun = index
-            elif kind == _C and direct.begun is not None:
+            elif kind == _COMMIT_BYTE and direct.begun is not None:
                 direct.commit(index)
                 self._count_commit(raw.message(index), 1)
-            elif kind in (_C, _SC):
+            elif kind in (_COMMIT_BYTE, _STREAM_COMMIT_BYTE):
                 yield from direct.flush(self.last_end)
                 yield from self._commit_undecided(raw, index)
-            elif kind == _S:
+            elif kind == _STREAM_START_BYTE:
                 self.block = _XID.unpack_from(raw.message(index), 1)[0]
                 self.streams.setdefault(self.block, _Undecided(self.block, streamed=True))
-            elif kind == _E:
+            elif kind == _STREAM_STOP_BYTE:
                 self.block = None
-            elif kind == _SA:
+            elif kind == _STREAM_ABORT_BYTE:
                 self._stream_abort(raw.message(index))
             else:
                 raise SequencingError(
@@ -351,7 +353,7 @@ class Sequencer:
         yield from self._release(plain, raw.select(index, index + 1), message)
 
     def _begin_plain(self, raw: RawMessages, start: int, stop: int) -> None:
-        if raw.kinds()[start] != _B:
+        if raw.kinds()[start] != _BEGIN_BYTE:
             raise SequencingError(
                 f"change outside any transaction at {Lsn(int(raw.lsns[start]))}; retry the drain"
             )

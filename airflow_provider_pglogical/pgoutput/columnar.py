@@ -11,13 +11,17 @@ length of that column in all rows, bounds-checked against each message's end. Th
 become an Arrow ``string_view`` array whose views point into the joined buffer (no copy), which
 :func:`..types.text_to_arrow` casts. Any inconsistency found by the vector checks is re-decoded
 by the per-message decoder to raise its precise :class:`PgOutputDecodeError`.
+
+This module finds the committed rows; :mod:`.columnar_transactions` tracks the transactions of
+the general walk, :mod:`.columnar_tuples` parses the tuples and views their values,
+:mod:`.columnar_tables` builds one table per relation version.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn, overload
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -26,58 +30,33 @@ import pyarrow as pa
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput.arrow import (
     DEFAULT_MAX_ROWS,
-    MIXED_FORMATS,
-    TRANSACTION_SCHEMA,
-    UNCHANGED_OLD,
-    BoolArray,
     DecodedBatch,
     Int64Array,
-    TableChanges,
-    VersionKeys,
-    _Columns,
-    build_batches,
-    check_stageable,
-    table_relation,
 )
+from airflow_provider_pglogical.pgoutput.columnar_tables import relation_tables
+from airflow_provider_pglogical.pgoutput.columnar_transactions import (
+    DataRun,
+    TransactionColumns,
+    TransactionTracker,
+    TruncateItem,
+)
+from airflow_provider_pglogical.pgoutput.columnar_tuples import VIEW_WINDOW, U8Array, parse_rows
 from airflow_provider_pglogical.pgoutput.decoder import PgOutputDecoder
 from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
-    PG_EPOCH_US,
-    Begin,
-    BeginPrepare,
-    Commit,
-    CommitPrepared,
     LogicalMessage,
-    Message,
     MessageType,
     Origin,
-    Prepare,
     Relation,
-    RollbackPrepared,
-    StreamAbort,
-    StreamCommit,
-    StreamPrepare,
-    StreamStart,
-    StreamStop,
     Truncate,
-    TupleKind,
 )
 from airflow_provider_pglogical.pgoutput.relations import RelationCache
-from airflow_provider_pglogical.values.raw_text import escape_raw_text
 
 _PAD = bytes(16)
 LsnArray = Sequence[int] | npt.NDArray[np.uint64]
 """Message LSNs, only used to name the position in error reports."""
-_WINDOW = 1 << 30  # string_view offsets are int32: data buffers are 2 GiB windows every 1 GiB.
 _IS_DATA = np.zeros(256, dtype=np.bool_)
 _IS_DATA[[MessageType.INSERT, MessageType.UPDATE, MessageType.DELETE]] = True
-_OPS = pa.array(["I", "U", "D", "T"], pa.string())
-_OP_CODE = np.zeros(256, dtype=np.int64)
-_OP_CODE[MessageType.UPDATE] = 1
-_OP_CODE[MessageType.DELETE] = 2
-_K, _O, _N = ord("K"), ord("O"), ord("N")
-_T_KIND, _B_KIND = TupleKind.TEXT.value, TupleKind.BINARY.value
-_U_KIND, _NULL_KIND = TupleKind.UNCHANGED_TOAST.value, TupleKind.NULL.value
 
 # Streaming and two-phase messages: transactions interleave or wait, the general walk handles them.
 _NEEDS_WALK = np.zeros(256, dtype=np.bool_)
@@ -87,216 +66,7 @@ _IS_BEGIN_OR_COMMIT[[MessageType.BEGIN, MessageType.COMMIT]] = True
 _BEGIN_SIZE = 21
 _COMMIT_SIZE = 26
 
-U8Array = npt.NDArray[np.uint8]
-
-
-@dataclass(slots=True)
-class _Run:
-    """Data messages ``lo..hi-1`` of the batch, sent with the relation cache generation ``gen``."""
-
-    lo: int
-    hi: int
-    prefix: int
-    gen: int
-
-
-@dataclass(slots=True)
-class _TruncateRows:
-    relations: list[Relation]
-    options: int
-    xid: int | None
-
-
-@dataclass(slots=True)
-class _Txn:
-    xid: int
-    items: list[_Run | _TruncateRows] = field(default_factory=list)
-    messages: list[LogicalMessage] = field(default_factory=list)
-    origin: Origin | None = None
-    aborted: set[int] = field(default_factory=set)
-
-
-@dataclass(slots=True)
-class _Committed:
-    txn: _Txn
-    xid: int
-    commit_lsn: int
-    end_lsn: int
-    commit_time: int
-    gid: str | None
-    streamed: bool
-
-
-@dataclass(slots=True)
-class _TxnColumns:
-    """Per committed transaction, by commit ordinal: what its rows repeat and the batch reports."""
-
-    xid: Int64Array
-    commit_lsn: Int64Array
-    end_lsn: Int64Array
-    commit_time: Int64Array
-    changes: Int64Array
-    streamed: BoolArray
-    gid: dict[int, str]  # by ordinal, only for two-phase transactions
-    origin: dict[int, Origin]  # by ordinal, only for transactions replayed from an origin
-
-    @classmethod
-    def of(cls, committed: list[_Committed], changes: Int64Array) -> _TxnColumns:
-        return cls(
-            xid=np.array([c.xid for c in committed], dtype=np.int64),
-            commit_lsn=np.array([c.commit_lsn for c in committed], dtype=np.uint64).astype(np.int64),
-            end_lsn=np.array([c.end_lsn for c in committed], dtype=np.uint64).astype(np.int64),
-            commit_time=np.array([c.commit_time for c in committed], dtype=np.int64),
-            changes=changes,
-            streamed=np.array([c.streamed for c in committed], dtype=np.bool_),
-            gid={i: c.gid for i, c in enumerate(committed) if c.gid is not None},
-            origin={i: c.txn.origin for i, c in enumerate(committed) if c.txn.origin is not None},
-        )
-
-    def __post_init__(self) -> None:
-        check_stageable(self.commit_lsn, self.end_lsn, self.commit_time)
-
-    def table(self) -> pa.Table:
-        return pa.table(
-            [
-                pa.array(self.xid, pa.int64()),
-                pa.array(self.commit_lsn, pa.int64()),
-                pa.array(self.end_lsn, pa.int64()),
-                pa.array(self.commit_time + PG_EPOCH_US, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                pa.array(self.changes, pa.int64()),
-                pa.array(self.streamed, pa.bool_()),
-                _sparse(self.gid, len(self.xid), pa.string()),
-                _sparse({i: o.name for i, o in self.origin.items()}, len(self.xid), pa.string()),
-                _sparse({i: int(o.commit_lsn) for i, o in self.origin.items()}, len(self.xid), pa.int64()),
-            ],
-            schema=TRANSACTION_SCHEMA,
-        )
-
-
-def _sparse(values: dict[int, Any], count: int, data_type: pa.DataType) -> pa.Array:
-    """An array of ``count`` nulls but at the positions ``values`` names."""
-    if not values:
-        return pa.nulls(count, data_type)
-    items: list[Any] = [None] * count
-    for position, value in values.items():
-        items[position] = value
-    return pa.array(items, data_type)
-
-
-class _Tracker:
-    """The per-transaction state machine of the columnar route (control messages only)."""
-
-    def __init__(self) -> None:
-        self.current: _Txn | None = None
-        self.streams: dict[int, _Txn] = {}
-        self.stream_xid: int | None = None
-        self.prepared: dict[str, _Txn] = {}
-        self.committed: list[_Committed] = []
-        self.messages: list[LogicalMessage] = []
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            Begin: self._begin,
-            BeginPrepare: self._begin,
-            Commit: self._commit,
-            Prepare: self._prepare,
-            StreamStart: self._stream_start,
-            StreamStop: self._stream_stop,
-            StreamCommit: self._stream_commit,
-            StreamAbort: self._stream_abort,
-            StreamPrepare: self._stream_prepare,
-            CommitPrepared: self._commit_prepared,
-            RollbackPrepared: self._rollback_prepared,
-        }
-
-    def target(self) -> _Txn | None:
-        return self.streams[self.stream_xid] if self.stream_xid is not None else self.current
-
-    def commit(
-        self,
-        txn: _Txn | None,
-        xid: int,
-        ends: tuple[Lsn, Lsn, int],
-        gid: str | None = None,
-        streamed: bool = False,
-    ) -> None:
-        if txn is None:
-            raise ValueError("end of a transaction that was not seen")
-        self.committed.append(_Committed(txn, xid, *ends, gid, streamed))
-        self.messages.extend(txn.messages)
-
-    def control(self, message: Message, relations: RelationCache) -> None:
-        if isinstance(message, Origin | LogicalMessage | Truncate):
-            self._in_transaction(message, relations)
-            return
-        handler = self._handlers.get(type(message))
-        if handler is not None:
-            handler(message)
-
-    def _begin(self, message: Begin | BeginPrepare) -> None:
-        if self.current is not None:
-            raise ValueError(
-                f"Begin of transaction {message.xid} while transaction {self.current.xid} is still open"
-            )
-        self.current = _Txn(message.xid)
-
-    def _commit(self, message: Commit) -> None:
-        txn, self.current = self.current, None
-        self.commit(txn, txn.xid if txn else 0, (message.commit_lsn, message.end_lsn, message.commit_time))
-
-    def _prepare(self, message: Prepare) -> None:
-        if self.current is None:
-            raise ValueError("Prepare without Begin Prepare")
-        self.prepared[message.gid], self.current = self.current, None
-
-    def _stream_start(self, message: StreamStart) -> None:
-        self.stream_xid = message.xid
-        self.streams.setdefault(message.xid, _Txn(message.xid))
-
-    def _stream_stop(self, message: StreamStop) -> None:
-        self.stream_xid = None
-
-    def _stream_commit(self, message: StreamCommit) -> None:
-        txn = self.streams.pop(message.xid, None)
-        self.commit(
-            txn, message.xid, (message.commit_lsn, message.end_lsn, message.commit_time), streamed=True
-        )
-
-    def _stream_abort(self, message: StreamAbort) -> None:
-        if message.xid == message.subxid:
-            self.streams.pop(message.xid, None)
-        elif message.xid in self.streams:
-            self.streams[message.xid].aborted.add(message.subxid)
-
-    def _stream_prepare(self, message: StreamPrepare) -> None:
-        txn = self.streams.pop(message.xid, None)
-        if txn is None:
-            raise ValueError("Stream Prepare of a transaction that never streamed")
-        self.prepared[message.gid] = txn
-
-    def _commit_prepared(self, message: CommitPrepared) -> None:
-        txn = self.prepared.pop(message.gid, None)
-        if txn is None:
-            raise ValueError(f"Commit Prepared for {message.gid!r} whose Prepare was not in this batch")
-        self.commit(txn, message.xid, (message.commit_lsn, message.end_lsn, message.commit_time), message.gid)
-
-    def _rollback_prepared(self, message: RollbackPrepared) -> None:
-        self.prepared.pop(message.gid, None)
-
-    def _in_transaction(self, message: Origin | LogicalMessage | Truncate, relations: RelationCache) -> None:
-        target = self.target()
-        if isinstance(message, LogicalMessage):
-            if message.transactional and target is not None:
-                target.messages.append(message)
-            else:
-                self.messages.append(message)
-        elif target is None:
-            if isinstance(message, Truncate):
-                raise ValueError("Truncate outside any transaction")
-        elif isinstance(message, Origin):
-            target.origin = message
-        else:
-            target.items.append(
-                _TruncateRows([relations[r] for r in message.relation_ids], message.options, message.xid)
-            )
+_PlainTruncate = tuple[int, int, list[Relation], int]  # (txn ordinal, message index, relations, options)
 
 
 class BatchDecoder:
@@ -353,7 +123,9 @@ class BatchDecoder:
         change counts are this call's only."""
         if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
             raise ValueError("prepare needs 16 bytes after the last message; pad the buffer")
-        batch = _Batch(buffer, starts, lengths, lsns, self.protocol_version, self.relations, self.raw_text)
+        batch = MessageBatch(
+            buffer, starts, lengths, lsns, self.protocol_version, self.relations, self.raw_text
+        )
         plain = batch.plain_transactions()
         if plain is not None:
             rows, per_txn, logical_messages = plain
@@ -363,7 +135,7 @@ class BatchDecoder:
             tracker = batch.walk_control_messages()
             rows, changes = batch.committed_rows(tracker)
             batch.check_discarded(rows)
-            per_txn = _TxnColumns.of(tracker.committed, changes)
+            per_txn = TransactionColumns.of(tracker.committed, changes)
             logical_messages = sorted(tracker.messages, key=lambda m: m.lsn)
             open_xids = sorted([*tracker.streams, *([tracker.current.xid] if tracker.current else [])])
             prepared = sorted(tracker.prepared)
@@ -378,9 +150,9 @@ class PreparedBatch:
     (the relation versions in force were captured by :meth:`BatchDecoder.prepare`), so several
     batches of one stream can be built at once on different threads."""
 
-    batch: _Batch
-    rows: _Rows
-    per_txn: _TxnColumns
+    batch: MessageBatch
+    rows: CommittedRows
+    per_txn: TransactionColumns
     messages: list[LogicalMessage]
     open_xids: list[int]
     prepared_gids: list[str]
@@ -394,7 +166,7 @@ class PreparedBatch:
     def build(self) -> DecodedBatch:
         """Type the rows into one table per relation version (the costly, numpy/Arrow half)."""
         return DecodedBatch(
-            tables=self.batch.tables(self.rows, self.per_txn, self.max_rows),
+            tables=relation_tables(self.batch, self.rows, self.per_txn, self.max_rows),
             transactions=self.per_txn.table(),
             messages=self.messages,
             open_xids=self.open_xids,
@@ -402,7 +174,7 @@ class PreparedBatch:
         )
 
 
-class _Slices(Sequence[bytes]):
+class _MessageSlices(Sequence[bytes]):
     """Message ``i`` of a buffer as bytes, sliced only when asked for (control messages, errors)."""
 
     def __init__(self, buffer: bytes, starts: Int64Array, lengths: Int64Array) -> None:
@@ -425,7 +197,7 @@ class _Slices(Sequence[bytes]):
 
 
 @dataclass(slots=True)
-class _Rows:
+class CommittedRows:
     """Committed data rows in commit order: message index, transaction ordinal, seq, generation."""
 
     msg: Int64Array
@@ -435,14 +207,14 @@ class _Rows:
     prefix: Int64Array
     truncates: list[tuple[int, int, Relation, int]]  # (txn ordinal, seq, relation, options)
 
-    def continuing(self, first_seq: int) -> _Rows:
+    def continuing(self, first_seq: int) -> CommittedRows:
         """The same rows with the first transaction's changes numbered from ``first_seq``."""
         seq = self.seq + np.where(self.txn == 0, first_seq, 0)
         truncates = [(t, s + (first_seq if t == 0 else 0), r, o) for t, s, r, o in self.truncates]
-        return _Rows(self.msg, self.txn, seq, self.gen, self.prefix, truncates)
+        return CommittedRows(self.msg, self.txn, seq, self.gen, self.prefix, truncates)
 
 
-class _Batch:
+class MessageBatch:
     """One call's joined buffer and the per-message arrays over it."""
 
     def __init__(
@@ -458,7 +230,7 @@ class _Batch:
         """``joined`` holds message ``i`` at ``starts[i]:starts[i] + lengths[i]`` (gaps allowed)
         and ends with at least 16 padding bytes, so fixed-width gathers never run off its end.
         ``raw_text``: text values are SQL_ASCII bytes (see :class:`BatchDecoder`)."""
-        self.messages = _Slices(joined, starts, lengths)
+        self.messages = _MessageSlices(joined, starts, lengths)
         self.lsns = lsns
         self.decoder = PgOutputDecoder(protocol_version, relations)
         count = len(starts)
@@ -474,13 +246,13 @@ class _Batch:
         self._quads = np.ndarray(shape=(self.buf.size - 7,), dtype=">i8", buffer=joined, strides=(1,))
         whole = pa.py_buffer(joined)
         self.data_buffers = [
-            whole.slice(k * _WINDOW, min(2 * _WINDOW, len(joined) - k * _WINDOW))
-            for k in range(max(1, -(-len(joined) // _WINDOW)))
+            whole.slice(k * VIEW_WINDOW, min(2 * VIEW_WINDOW, len(joined) - k * VIEW_WINDOW))
+            for k in range(max(1, -(-len(joined) // VIEW_WINDOW)))
         ]
         self.types: U8Array = self.buf[self.starts] if count else np.zeros(0, np.uint8)
         # Relation cache generation -> relation id -> Relation in force.
         self.generations: list[dict[int, Relation]] = []
-        self.runs: list[_Run] = []  # every run of data messages, committed or not
+        self.runs: list[DataRun] = []  # every run of data messages, committed or not
         self.raw_text = raw_text
 
     def lsn(self, index: int) -> Lsn | None:
@@ -510,7 +282,7 @@ class _Batch:
             lsn=self.lsn(index),
         )
 
-    def plain_transactions(self) -> tuple[_Rows, _TxnColumns, list[LogicalMessage]] | None:
+    def plain_transactions(self) -> tuple[CommittedRows, TransactionColumns, list[LogicalMessage]] | None:
         """The common case without a Python step per transaction: only Begin .. Commit blocks.
 
         Without streaming or two-phase messages every transaction arrives whole and committed,
@@ -540,7 +312,7 @@ class _Batch:
         gen_starts, truncates, origins, logical_messages = self._walk_other_controls(begins, commits)
         seq, trunc_seq, changes = _sequence(data, txn_of, begins, truncates)
         starts = self.starts[commits]
-        per_txn = _TxnColumns(
+        per_txn = TransactionColumns(
             xid=self.be32(self.starts[begins] + 17),
             commit_lsn=self._quads[starts + 2].astype(np.int64),
             end_lsn=self._quads[starts + 10].astype(np.int64),
@@ -550,7 +322,7 @@ class _Batch:
             gid={},
             origin=origins,
         )
-        rows = _Rows(
+        rows = CommittedRows(
             msg=data,
             txn=txn_of,
             seq=seq,
@@ -592,8 +364,8 @@ class _Batch:
                 logical_messages.append(message)
         return gen_starts, truncates, origins, logical_messages
 
-    def walk_control_messages(self) -> _Tracker:
-        tracker = _Tracker()
+    def walk_control_messages(self) -> TransactionTracker:
+        tracker = TransactionTracker()
         control = np.flatnonzero(~_IS_DATA[self.types]).tolist()
         previous = 0
         self._snapshot()
@@ -603,7 +375,7 @@ class _Batch:
                 if target is None:
                     self._fail_outside(previous)
                 prefix = 4 if self.decoder.in_stream else 0
-                run = _Run(previous, index, prefix, len(self.generations) - 1)
+                run = DataRun(previous, index, prefix, len(self.generations) - 1)
                 target.items.append(run)
                 self.runs.append(run)
             previous = index + 1
@@ -620,7 +392,7 @@ class _Batch:
                 ) from None
         return tracker
 
-    def check_discarded(self, rows: _Rows) -> None:
+    def check_discarded(self, rows: CommittedRows) -> None:
         """Parse, only to validate, the data messages that will not be staged (aborted or still
         open transactions), so that malformed input fails here as in the per-message decoder."""
         if not self.runs:
@@ -639,7 +411,7 @@ class _Batch:
             relation = self.generations[key >> 32].get(key & 0xFFFFFFFF)
             if relation is None:
                 self.fail_message(int(msg[members[0]]), key >> 32, int(prefix[members[0]]))
-            _parse_rows(self, msg[members], prefix[members], gen[members], len(relation.columns))
+            parse_rows(self, msg[members], prefix[members], gen[members], len(relation.columns))
 
     def _fail_outside(self, index: int) -> NoReturn:
         raise PgOutputDecodeError(
@@ -661,7 +433,7 @@ class _Batch:
         """Big-endian unsigned 32-bit values at each position (positions must be in bounds)."""
         return self._words[positions].astype(np.int64)
 
-    def committed_rows(self, tracker: _Tracker) -> tuple[_Rows, Int64Array]:
+    def committed_rows(self, tracker: TransactionTracker) -> tuple[CommittedRows, Int64Array]:
         """The data rows of the committed transactions, and each transaction's change count."""
         msg_parts: list[Int64Array] = []
         seq_parts: list[Int64Array] = []
@@ -673,7 +445,7 @@ class _Batch:
         for ordinal, committed in enumerate(tracker.committed):
             counter = 0
             for item in committed.txn.items:
-                if isinstance(item, _TruncateRows):
+                if isinstance(item, TruncateItem):
                     if item.xid is not None and item.xid in committed.txn.aborted:
                         continue
                     for relation in item.relations:
@@ -693,7 +465,7 @@ class _Batch:
                 counter += size
             changes[ordinal] = counter
         empty = np.zeros(0, dtype=np.int64)
-        rows = _Rows(
+        rows = CommittedRows(
             msg=np.concatenate(msg_parts) if msg_parts else empty,
             txn=np.concatenate(txn_parts) if txn_parts else empty,
             seq=np.concatenate(seq_parts) if seq_parts else empty,
@@ -702,104 +474,6 @@ class _Batch:
             truncates=truncates,
         )
         return rows, changes
-
-    def tables(self, rows: _Rows, per_txn: _TxnColumns, max_rows: int) -> list[TableChanges]:
-        """Group the rows by relation version and build each version's table."""
-        relation_ids = self.be32(self.starts[rows.msg] + 1 + rows.prefix) if len(rows.msg) else rows.msg
-        combined = (rows.gen << 32) | relation_ids
-        unique, first_row, inverse = np.unique(combined, return_index=True, return_inverse=True)
-        # (txn ordinal, seq, relation, truncate index or -1 - unique position), keyed in commit order
-        events: list[tuple[int, int, Relation, int]] = []
-        for position, key in enumerate(unique.tolist()):
-            gen, relation_id = key >> 32, key & 0xFFFFFFFF
-            relation = self.generations[gen].get(relation_id)
-            if relation is None:
-                culprit = int(np.flatnonzero(inverse == position)[0])
-                self.fail_message(int(rows.msg[culprit]), gen, int(rows.prefix[culprit]))
-            row = int(first_row[position])
-            events.append((int(rows.txn[row]), int(rows.seq[row]), relation, -1 - position))
-        events += [(o, s, r, index) for index, (o, s, r, _) in enumerate(rows.truncates)]
-        events.sort(key=lambda event: event[:2])
-        version_keys = VersionKeys()
-        versions: dict[tuple[object, ...], int] = {}
-        relations: list[Relation] = []
-        group_of_unique = np.zeros(len(unique), dtype=np.int64)
-        truncate_groups: dict[int, list[tuple[int, int, int]]] = {}
-        for ordinal, seq, relation, index in events:
-            group = versions.setdefault(version_keys.key(relation), len(versions))
-            if group == len(relations):
-                relations.append(relation)
-            if index < 0:
-                group_of_unique[-1 - index] = group
-            else:
-                truncate_groups.setdefault(group, []).append((ordinal, seq, rows.truncates[index][3]))
-        group_of_row = group_of_unique[inverse.reshape(-1)] if len(rows.msg) else rows.msg
-        order = np.argsort(group_of_row, kind="stable")
-        bounds = np.searchsorted(group_of_row[order], np.arange(len(relations) + 1))
-        built: list[tuple[tuple[int, int], TableChanges]] = []
-        for group, relation in enumerate(relations):
-            selected = order[bounds[group] : bounds[group + 1]]
-            raw, first = self._relation_rows(
-                relation, rows, selected, truncate_groups.get(group, []), per_txn
-            )
-            relation = table_relation(relation)
-            built.append((first, TableChanges(relation, build_batches(relation, raw, max_rows))))
-        built.sort(key=lambda item: item[0])
-        return [table for _, table in built]
-
-    def _relation_rows(
-        self,
-        relation: Relation,
-        rows: _Rows,
-        selected: Int64Array,
-        truncates: list[tuple[int, int, int]],
-        per_txn: _TxnColumns,
-    ) -> tuple[_Columns, tuple[int, int]]:
-        msg = rows.msg[selected]
-        txn = rows.txn[selected]
-        seq = rows.seq[selected]
-        parsed = _parse_rows(self, msg, rows.prefix[selected], rows.gen[selected], len(relation.columns))
-        for kind, start in zip(parsed.old.kind, parsed.old.start, strict=True):
-            unchanged = np.flatnonzero(kind == _U_KIND)
-            if len(unchanged):
-                self.fail_at(int(start[unchanged[0]]) - 5, UNCHANGED_OLD)  # at the kind byte
-        op_code = _OP_CODE[self.types[msg]]
-        flags = np.full(len(msg), -1, dtype=np.int64)
-        new_rows, old_rows = parsed.new_rows, parsed.old_rows
-        if truncates:
-            t_txn, t_seq, t_opt = (np.array(v, dtype=np.int64) for v in zip(*truncates, strict=True))
-            txn = np.concatenate([txn, t_txn])
-            seq = np.concatenate([seq, t_seq])
-            op_code = np.concatenate([op_code, np.full(len(t_txn), 3, dtype=np.int64)])
-            flags = np.concatenate([flags, t_opt])
-            order = np.lexsort((seq, txn))
-            txn, seq, op_code, flags = txn[order], seq[order], op_code[order], flags[order]
-            moved = np.empty(len(order), dtype=np.int64)
-            moved[order] = np.arange(len(order), dtype=np.int64)
-            new_rows, old_rows = moved[new_rows], moved[old_rows]
-        names = pa.array([c.name for c in relation.columns], pa.string())
-        unchanged = _unchanged_lists(parsed.new, new_rows, len(seq), names)
-        new = parsed.new.dense(new_rows, len(seq))
-        old = parsed.old.dense(old_rows, len(seq))
-        raw = _Columns(
-            op=_OPS.take(pa.array(op_code)),
-            commit_lsn=per_txn.commit_lsn[txn],
-            end_lsn=per_txn.end_lsn[txn],
-            seq=seq,
-            xid=per_txn.xid[txn],
-            commit_time=per_txn.commit_time[txn],
-            unchanged=unchanged,
-            new=new.arrays(self),
-            new_rows=new_rows,
-            old=old.arrays(self),
-            old_rows=old_rows,
-            truncate_flags=pa.array(flags, pa.int8(), mask=flags < 0),
-        )
-        first = (int(txn[0]), int(seq[0])) if len(txn) else (0, 0)
-        return raw, first
-
-
-_PlainTruncate = tuple[int, int, list[Relation], int]  # (txn ordinal, message index, relations, options)
 
 
 def _sequence(
@@ -823,194 +497,3 @@ def _sequence(
     sequence[order] = before - base[txns[order]]
     changes = np.bincount(txns, weights=weights, minlength=len(begins)).astype(np.int64)
     return sequence[: len(data)], sequence[len(data) :], changes
-
-
-@dataclass(slots=True)
-class _Tuples:
-    """Per column: kind byte, value start and length, for the rows that carry this tuple."""
-
-    kind: list[U8Array]
-    start: list[Int64Array]
-    length: list[Int64Array]
-
-    def dense(self, rows: Int64Array, count: int) -> _Tuples:
-        """Spread to all ``count`` rows (kind 0 elsewhere) when most rows carry the tuple: typing
-        a few nulls is cheaper than spreading typed values afterwards."""
-        if len(rows) == count or len(rows) * 2 < count:
-            return self
-        kinds, starts, lengths = [], [], []
-        for kind, start, length in zip(self.kind, self.start, self.length, strict=True):
-            kinds.append(np.zeros(count, np.uint8))
-            kinds[-1][rows] = kind
-            starts.append(np.full(count, 4, np.int64))
-            starts[-1][rows] = start
-            lengths.append(np.zeros(count, np.int64))
-            lengths[-1][rows] = length
-        return _Tuples(kinds, starts, lengths)
-
-    def arrays(self, batch: _Batch) -> list[pa.Array]:
-        out = []
-        for kind, start, length in zip(self.kind, self.start, self.length, strict=True):
-            binary = kind == _B_KIND
-            if np.any(binary):
-                if np.any(kind == _T_KIND):
-                    batch.fail_at(int(start[np.argmax(binary)]) - 5, MIXED_FORMATS)
-                out.append(_binary_view(batch, start, length, binary).cast(pa.binary()))
-                continue
-            raw = _binary_view(batch, start, length, kind == _T_KIND)
-            if batch.raw_text:
-                out.append(escape_raw_text(raw))
-                continue
-            try:
-                out.append(raw.cast(pa.string_view()))
-            except pa.ArrowInvalid:
-                batch.fail_at(int(start[_first_invalid_utf8(raw)]), "text value is not valid UTF-8")
-        return out
-
-
-@dataclass(slots=True)
-class _Parsed:
-    new: _Tuples
-    new_rows: Int64Array
-    old: _Tuples
-    old_rows: Int64Array
-
-
-def _unchanged_lists(new: _Tuples, new_rows: Int64Array, count: int, names: pa.Array) -> pa.Array:
-    """``_pgl_unchanged``: per row, the names of the columns sent as unchanged TOAST."""
-    offsets = np.zeros(count + 1, dtype=np.int32)
-    if not new.kind:
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array([], pa.string()))
-    matrix = np.stack([k == _U_KIND for k in new.kind], axis=1)
-    per_row = np.zeros(count, dtype=np.int32)
-    per_row[new_rows] = matrix.sum(axis=1)
-    np.cumsum(per_row, out=offsets[1:])
-    _, columns = np.nonzero(matrix)
-    return pa.ListArray.from_arrays(pa.array(offsets), names.take(pa.array(columns, pa.int64())))
-
-
-_VIEW = np.dtype([("length", "<i4"), ("prefix", "<u4"), ("rest", "<u8")])
-_PREFIX_MASK = np.array([(1 << (8 * min(n, 4))) - 1 for n in range(13)], dtype=np.uint64).astype(np.uint32)
-_REST_MASK = np.array([(1 << (8 * min(max(n - 4, 0), 8))) - 1 for n in range(13)], dtype=object).astype(
-    np.uint64
-)
-
-
-def _first_invalid_utf8(values: pa.Array) -> int:
-    for index, value in enumerate(values.to_pylist()):
-        try:
-            if value is not None:
-                value.decode("utf-8")
-        except UnicodeDecodeError:
-            return index
-    return 0
-
-
-def _binary_view(batch: _Batch, start: Int64Array, length: Int64Array, valid: BoolArray) -> pa.Array:
-    """An Arrow binary_view array over the joined buffer: values are not copied, only viewed.
-
-    Each 16-byte view is gathered from the 4 bytes before the value (its big-endian length, then
-    overwritten by the little-endian one) and the 12 bytes after; short values (<= 12 bytes) keep
-    their bytes inline, zero-padded, long ones get their buffer index and offset.
-    """
-    count = len(start)
-    nulls = count - int(np.count_nonzero(valid))
-    if nulls == count:
-        return pa.nulls(count, pa.binary_view())
-    if nulls:
-        start = np.where(valid, start, 4)
-        length = np.where(valid, length, 0)
-    views = batch.views[start - 4].view(_VIEW)
-    views["length"] = length
-    short = np.minimum(length, 12)
-    views["prefix"] &= _PREFIX_MASK[short]
-    views["rest"] &= _REST_MASK[short]
-    long = np.flatnonzero(length > 12)
-    if len(long):
-        buffer_index = start[long] // _WINDOW
-        offset = start[long] - buffer_index * _WINDOW
-        views["rest"][long] = (offset.astype(np.uint64) << np.uint64(32)) | buffer_index.astype(np.uint64)
-    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-    return pa.Array.from_buffers(
-        pa.binary_view(), count, [validity, pa.py_buffer(views), *batch.data_buffers], null_count=nulls
-    )
-
-
-class _Checker:
-    """Collects rows whose bytes fail a vector check; reads are clamped so they never fail.
-
-    Reads past a message's end are not checked one field at a time: positions only grow, so
-    any overrun shows in the final position, which :func:`_parse_rows` compares with the end.
-    """
-
-    def __init__(self, batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Array) -> None:
-        self.batch = batch
-        self.msg = msg
-        self.prefix = prefix
-        self.gen = gen
-        self.end = batch.ends[msg]
-        self.bad = np.zeros(len(msg), dtype=np.bool_)
-        self.limit = batch.buf.size - 16
-
-    def byte(self, pos: Int64Array) -> U8Array:
-        return self.batch.buf[np.minimum(pos, self.limit)]
-
-    def int_(self, pos: Int64Array, size: int) -> Int64Array:
-        """Big-endian unsigned integers of ``size`` (2 or 4) bytes."""
-        safe = np.minimum(pos, self.limit)
-        if size == 2:
-            pair: Int64Array = (self.batch.buf[safe].astype(np.int64) << 8) | self.batch.buf[safe + 1]
-            return pair
-        return self.batch.be32(safe)
-
-    def raise_if_bad(self) -> None:
-        if self.bad.any():
-            first = int(np.flatnonzero(self.bad)[0])
-            self.batch.fail_message(int(self.msg[first]), int(self.gen[first]), int(self.prefix[first]))
-
-
-def _parse_tuples(
-    check: _Checker, rows: Int64Array, pos: Int64Array, width: int
-) -> tuple[_Tuples, Int64Array]:
-    """Parse the TupleData starting at ``pos`` in each of ``rows`` (indices into the checker)."""
-    bad = check.int_(pos, 2) != width
-    pos = pos + 2
-    kinds, starts, lengths = [], [], []
-    for _ in range(width):
-        kind = check.byte(pos)
-        has_value = (kind == _T_KIND) | (kind == _B_KIND)
-        known = has_value | (kind == _U_KIND) | (kind == _NULL_KIND)
-        length = np.where(has_value, check.int_(pos + 1, 4), 0)
-        # A 4-byte length with the top bit set is negative: never valid.
-        bad |= ~known | (length >= 1 << 31)
-        kinds.append(np.where(known, kind, 0).astype(np.uint8))
-        starts.append(pos + 5)
-        lengths.append(length)
-        pos = pos + 1 + np.where(has_value, 4 + length, 0)
-    check.bad[rows] |= bad
-    return _Tuples(kinds, starts, lengths), pos
-
-
-def _parse_rows(batch: _Batch, msg: Int64Array, prefix: Int64Array, gen: Int64Array, width: int) -> _Parsed:
-    """Parse the Insert/Update/Delete messages ``msg`` of one relation version, all at once."""
-    check = _Checker(batch, msg, prefix, gen)
-    types = batch.types[msg]
-    is_update = types == MessageType.UPDATE
-    is_delete = types == MessageType.DELETE
-    pos = batch.starts[msg] + 1 + prefix + 4
-    marker = check.byte(pos)
-    keyed = (marker == _K) | (marker == _O)
-    check.bad |= np.where(is_delete, ~keyed, np.where(is_update, ~keyed & (marker != _N), marker != _N))
-    pos = pos + 1
-    old_rows = np.flatnonzero(is_delete | (is_update & keyed))
-    old, after_old = _parse_tuples(check, old_rows, pos[old_rows], width)
-    pos[old_rows] = after_old
-    both = np.flatnonzero(is_update & keyed)
-    check.bad[both] |= check.byte(pos[both]) != _N
-    pos[both] += 1
-    new_rows = np.flatnonzero(~is_delete)
-    new, after_new = _parse_tuples(check, new_rows, pos[new_rows], width)
-    pos[new_rows] = after_new
-    check.bad |= pos != check.end
-    check.raise_if_bad()
-    return _Parsed(new, new_rows, old, old_rows)

@@ -63,6 +63,16 @@ _COPY_HEADER = struct.Struct("!11sii")
 # One peek row in binary COPY: 3 fields; pg_lsn (8 bytes), xid (4 bytes), bytea (n bytes).
 _ROW_HEAD = struct.Struct("!hiQiIi")
 _ROW_HEAD_SIZE = _ROW_HEAD.size
+_ROW_HEAD_FIELDS = np.dtype(
+    [
+        ("fields", ">i2"),
+        ("lsn_length", ">i4"),
+        ("lsn", ">u8"),
+        ("xid_length", ">i4"),
+        ("xid", ">u4"),
+        ("length", ">i4"),
+    ]
+)
 _BEGIN_FINAL_LSN = struct.Struct("!Q")  # at byte 1 of Begin
 _STREAM_COMMIT_LSN = struct.Struct("!Q")  # at byte 6 of Stream Commit, after the xid and flags
 
@@ -202,9 +212,15 @@ def _translate(exc: psycopg2.Error, slot: str, role: str | None = None) -> BaseE
 
 
 class _ChunkWriter:
-    """The file object COPY writes into: cuts the stream into chunks of about ``chunk_bytes``."""
+    """The file object COPY writes into: hands the stream over in chunks of about ``chunk_bytes``.
 
-    def __init__(self, chunks: queue.Queue[bytes | BaseException | None], chunk_bytes: int) -> None:
+    psycopg2 calls ``write`` once per CopyData message and PostgreSQL sends every row of a binary
+    COPY in a message of its own (the file header rides with the first row, the trailer comes
+    alone), so a chunk is kept as the list of messages: their lengths tell the reader where each
+    row starts (:func:`_framed_rows`) without searching the bytes for row headers.
+    """
+
+    def __init__(self, chunks: queue.Queue[list[bytes] | BaseException | None], chunk_bytes: int) -> None:
         self._chunks = chunks
         self._chunk_bytes = chunk_bytes
         self._parts: list[bytes] = []
@@ -219,7 +235,7 @@ class _ChunkWriter:
 
     def flush(self) -> None:
         if self._parts:
-            self._chunks.put(b"".join(self._parts))
+            self._chunks.put(self._parts)
             self._parts, self._size = [], 0
 
 
@@ -251,7 +267,7 @@ class PeekTransport:
         ).format(
             sql.Literal(slot), sql.Literal(str(upto_lsn)), sql.Literal(max_messages), sql.SQL(", ").join(flat)
         )
-        chunks: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=2)
+        chunks: queue.Queue[list[bytes] | BaseException | None] = queue.Queue(maxsize=2)
         writer = _ChunkWriter(chunks, self.chunk_bytes)
 
         def copy() -> None:
@@ -278,10 +294,11 @@ class PeekTransport:
             result.truncated = True
 
     def _parse(
-        self, chunks: queue.Queue[bytes | BaseException | None], result: ReadResult, slot: str
+        self, chunks: queue.Queue[list[bytes] | BaseException | None], result: ReadResult, slot: str
     ) -> Iterator[RawMessages]:
         tail = b""
         header_seen = False
+        framed = True  # one row per message so far (see _ChunkWriter)
         while True:
             item = chunks.get()
             if isinstance(item, BaseException):
@@ -292,7 +309,9 @@ class PeekTransport:
                 if tail:
                     raise TransportError(f"COPY stream ended inside a row ({len(tail)} bytes left)")
                 return
-            data = tail + item if tail else item
+            sizes = np.fromiter(map(len, item), dtype=np.int64, count=len(item))
+            data = b"".join([tail, *item, _PADDING])  # the padding spares the decoder a copy
+            end = len(data) - len(_PADDING)
             pos = 0
             if not header_seen:
                 signature, _flags, ext = _COPY_HEADER.unpack_from(data, 0)
@@ -300,14 +319,58 @@ class PeekTransport:
                     raise TransportError("not a binary COPY stream")
                 pos = _COPY_HEADER.size + ext
                 header_seen = True
-            batch, pos, done = _split_rows(data, pos)
-            tail = b"" if done else data[pos:]
+            framed_rows = _framed_rows(data, sizes, pos) if framed else None
+            if framed_rows is not None:
+                batch, done = framed_rows
+            else:
+                framed = False
+                batch, pos, done = _split_rows(data[:end], pos)
+                tail = b"" if done else data[pos:end]
             if len(batch):
                 result.messages += len(batch)
                 result.bytes += int(batch.lengths.sum())
                 yield batch
             if done:
                 return
+
+
+_PADDING = bytes(16)
+
+
+def _framed_rows(data: bytes, sizes: npt.NDArray[np.int64], skip: int) -> tuple[RawMessages, bool] | None:
+    """The rows of a chunk whose messages (of ``sizes`` bytes, the first after ``skip`` bytes of
+    file header) each hold one row, then possibly the trailer; also whether the trailer came.
+    ``None`` when the messages are cut otherwise: the caller then searches the byte stream.
+    ``data`` is the messages joined, then 16 bytes of padding."""
+    starts = np.cumsum(sizes) - sizes
+    if len(sizes):
+        starts[0] += skip
+        sizes = sizes.copy()
+        sizes[0] -= skip
+    done = bool(len(sizes)) and sizes[-1] == 2 and data[starts[-1] : starts[-1] + 2] == b"\xff\xff"
+    if done:
+        starts, sizes = starts[:-1], sizes[:-1]
+    if np.any(sizes < _ROW_HEAD_SIZE):
+        return None
+    heads = np.ndarray(
+        shape=(len(data) - _ROW_HEAD_SIZE + 1,), dtype=_ROW_HEAD_FIELDS, buffer=data, strides=(1,)
+    )
+    head = heads[starts]  # one gather of whole headers, then field reads on the compact copy
+    if not np.all(
+        (head["fields"] == 3)
+        & (head["lsn_length"] == _LSN_LENGTH)
+        & (head["xid_length"] == _XID_LENGTH)
+        & (head["length"] == sizes - _ROW_HEAD_SIZE)
+    ):
+        return None
+    raw = RawMessages(
+        data,
+        starts + _ROW_HEAD_SIZE,
+        sizes - _ROW_HEAD_SIZE,
+        head["lsn"].astype(np.uint64),
+        head["xid"].astype(np.int64),
+    )
+    return raw, done
 
 
 _ROW_FIRST_WORD = 0x00030000  # 3 fields, then the first half of the LSN's length (8)

@@ -1,5 +1,6 @@
-"""The peek's binary COPY framing around pgoutput messages: rows are found without a per-row loop,
-also when message bytes look like row headers and when a chunk ends anywhere."""
+"""The peek's binary COPY framing around pgoutput messages: rows are found from the message sizes when
+each message holds one row, else without a per-row loop, also when message bytes look like row headers
+and when a chunk ends anywhere."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_pglogical.errors import TransportError
-from airflow_provider_pglogical.replication.transports import _split_rows
+from airflow_provider_pglogical.replication.transports import _framed_rows, _split_rows
 
 _HEAD = struct.Struct("!hiQiIi")
 
@@ -53,3 +54,34 @@ def test_a_row_of_another_shape_is_refused() -> None:
     data = _row(1, 2, b"ok") + struct.pack("!h", 2) + bytes(30)
     with pytest.raises(TransportError, match="2 fields"):
         _split_rows(data, 0)
+
+
+_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_rows_one_per_message_are_indexed_from_the_message_sizes(seed: int) -> None:
+    """As the server sends them: the file header with the first row, the trailer alone."""
+    rng = random.Random(seed)
+    rows = [
+        (rng.getrandbits(40), rng.getrandbits(32), _payload(rng) or b"x") for _ in range(rng.randint(1, 30))
+    ]
+    messages = [_row(*row) for row in rows] + [b"\xff\xff"]
+    messages[0] = _HEADER + messages[0]
+    sizes = np.array([len(m) for m in messages], dtype=np.int64)
+    framed = _framed_rows(b"".join(messages) + bytes(16), sizes, len(_HEADER))
+    assert framed is not None
+    raw, done = framed
+    assert done
+    assert [raw.message(i) for i in range(len(raw))] == [payload for _, _, payload in rows]
+    assert raw.lsns.tolist() == [lsn for lsn, _, _ in rows]
+    assert raw.xids.tolist() == [xid for _, xid, _ in rows]
+
+
+def test_messages_that_are_not_one_row_each_are_left_to_the_byte_search() -> None:
+    stream = _row(1, 2, b"first") + _row(3, 4, b"second")
+    for cut in (10, 29, len(_row(1, 2, b"first")) + 3):
+        sizes = np.array([cut, len(stream) - cut], dtype=np.int64)
+        assert _framed_rows(stream + bytes(16), sizes, 0) is None
+    sizes = np.array([len(_row(1, 2, b"first")), len(_row(3, 4, b"second"))], dtype=np.int64)
+    assert _framed_rows(stream + bytes(16), sizes, 0) is not None
