@@ -199,3 +199,34 @@ class TableNotPublishedError(PgLogicalError):
 
 class SparkEngineUnsupportedError(PgLogicalError):
     """The Spark copy engine cannot copy this source (socket host, arrays, SQL_ASCII): use the local one."""
+
+
+class PgOutputDecodeError(PgLogicalError):
+    """A pgoutput message could not be decoded: truncated, unknown, or inconsistent with the stream.
+
+    :param message_type: the message's type character (``"I"``, ``"R"``...), or ``"?"`` when the
+        buffer is empty.
+    :param offset: byte offset within the message where decoding failed.
+    :param lsn: the message's LSN when the caller knows it.
+    """
+
+    def __init__(self, reason: str, *, message_type: str, offset: int, lsn: int | None = None) -> None:
+        self.reason = reason
+        self.message_type = message_type
+        self.offset = offset
+        self.lsn = lsn
+        where = f" at LSN {lsn}" if lsn is not None else ""
+        super().__init__(
+            f"cannot decode pgoutput message {message_type!r}{where}, byte {offset}: {reason}. Nothing of "
+            "the batch was staged and the slot did not move; print the messages there with `pglogical "
+            "peek --slot <slot>` and report them with the server version"
+        )
+
+
+class SequencingError(PgLogicalError):
+    """The message stream does not nest as pgoutput sends it (a change outside any transaction,
+    a commit of a transaction never begun, two-phase messages the drain did not ask for)."""
+
+
+class SlotPluginError(PgLogicalError):
+    """A slot is physical or decodes with another output plugin than pgoutput."""

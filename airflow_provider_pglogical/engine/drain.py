@@ -36,9 +36,9 @@ from airflow_provider_pglogical.engine.sequencing import (
 from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
-    PgLogicalError,
     SlotActiveError,
     SlotLostError,
+    SlotPluginError,
     StagingNotWritableError,
 )
 from airflow_provider_pglogical.formats.lsn import Lsn
@@ -311,7 +311,7 @@ def _check_slot(conn: Any, settings: DrainSettings) -> Lsn:
             "subscriber is reading it. One consumer at a time; run the pipeline with max_active_runs=1."
         )
     if slot.plugin != "pgoutput" or slot.confirmed_flush_lsn is None:
-        raise PgLogicalError(
+        raise SlotPluginError(
             f"slot {settings.slot!r} is not a pgoutput logical slot (plugin {slot.plugin!r})"
         )
     describe_publications(conn, settings.publications)  # raises PublicationNotFoundError

@@ -29,7 +29,7 @@ from typing import IO
 import numpy as np
 import numpy.typing as npt
 
-from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.errors import SequencingError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication.transports import RawMessages
 
@@ -60,11 +60,6 @@ _BEGIN_FINAL_LSN = struct.Struct("!Q")
 _PART_HEAD = struct.Struct("!QQ")
 U8Array = npt.NDArray[np.uint8]
 I64Array = npt.NDArray[np.int64]
-
-
-class SequencingError(PgLogicalError):
-    """The message stream does not nest as pgoutput sends it (a change outside any transaction,
-    a commit of a transaction never begun, two-phase messages the drain did not ask for)."""
 
 
 @dataclass(frozen=True, slots=True)

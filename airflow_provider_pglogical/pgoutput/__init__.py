@@ -4,6 +4,7 @@ No Airflow and no I/O here. The drain calls :class:`BatchDecoder`; ``pglogical p
 and streaming consumers use :class:`PgOutputDecoder` and :class:`TransactionAssembler`.
 """
 
+from airflow_provider_pglogical.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.arrow import (
     METADATA_FIELDS,
     TRANSACTION_SCHEMA,
@@ -20,7 +21,6 @@ from airflow_provider_pglogical.pgoutput.assembly import (
 )
 from airflow_provider_pglogical.pgoutput.columnar import BatchDecoder, PreparedBatch
 from airflow_provider_pglogical.pgoutput.decoder import PgOutputDecoder
-from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
     PG_EPOCH_US,
     Begin,

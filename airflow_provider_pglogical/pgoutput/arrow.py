@@ -27,10 +27,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_pglogical.errors import PgOutputDecodeError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.pgoutput.assembly import RowChange, Transaction
-from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
     PG_EPOCH_US,
     Column,

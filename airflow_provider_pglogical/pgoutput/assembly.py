@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from airflow_provider_pglogical.errors import PgOutputDecodeError
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
     Begin,
     BeginPrepare,

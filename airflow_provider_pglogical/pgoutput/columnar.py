@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from airflow_provider_pglogical.errors import PgOutputDecodeError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput.arrow import (
     DEFAULT_MAX_ROWS,
@@ -42,7 +43,6 @@ from airflow_provider_pglogical.pgoutput.columnar_transactions import (
 )
 from airflow_provider_pglogical.pgoutput.columnar_tuples import VIEW_WINDOW, U8Array, parse_rows
 from airflow_provider_pglogical.pgoutput.decoder import PgOutputDecoder
-from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
     LogicalMessage,
     MessageType,

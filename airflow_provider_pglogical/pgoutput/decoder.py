@@ -14,8 +14,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
+from airflow_provider_pglogical.errors import PgOutputDecodeError
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.pgoutput.errors import PgOutputDecodeError
 from airflow_provider_pglogical.pgoutput.messages import (
     Begin,
     BeginPrepare,

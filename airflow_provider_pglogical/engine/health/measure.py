@@ -27,7 +27,11 @@ import psycopg2.errors
 
 from airflow_provider_pglogical.engine.health.drivers import Query, Rows, connect_async, drive, drive_async
 from airflow_provider_pglogical.engine.health.model import SlotHealth, SlotStats
-from airflow_provider_pglogical.errors import RECOVERY_DAG, PgLogicalError, SlotNotFoundError
+from airflow_provider_pglogical.errors import (
+    RECOVERY_DAG,
+    PgOutputDecodeError,
+    SlotNotFoundError,
+)
 from airflow_provider_pglogical.replication.publications import publication_names_option
 from airflow_provider_pglogical.replication.slots import (
     OUTPUT_PLUGIN,
@@ -71,9 +75,10 @@ def begin_commit_time(data: bytes) -> datetime:
     that uses the sensor.
     """
     if len(data) != _BEGIN_MESSAGE.size or data[0] != ord("B"):
-        raise PgLogicalError(
-            f"expected a {_BEGIN_MESSAGE.size}-byte Begin message first in a peeked transaction, "
-            f"got {bytes(data[:32])!r}"
+        raise PgOutputDecodeError(
+            f"expected a {_BEGIN_MESSAGE.size}-byte Begin message first in a peeked transaction",
+            message_type=chr(data[0]) if data else "?",
+            offset=0,
         )
     _, _, commit_time, _ = _BEGIN_MESSAGE.unpack(data)
     return _PG_EPOCH + timedelta(microseconds=commit_time)

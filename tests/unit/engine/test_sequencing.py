@@ -10,7 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.engine.sequencing import MemoryBudget, Piece, Sequencer, SequencingError
+from airflow_provider_pglogical.engine.sequencing import MemoryBudget, Piece, Sequencer
+from airflow_provider_pglogical.errors import SequencingError
 from airflow_provider_pglogical.pgoutput import BatchDecoder
 from airflow_provider_pglogical.replication.transports import RawMessages
 
