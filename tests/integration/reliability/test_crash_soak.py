@@ -34,14 +34,14 @@ from random import Random
 
 import psycopg2
 import pytest
-from exact import compare_all
 from pyspark.sql import SparkSession
-from seeds import parse_seeds
-from soak_support import CRASHES, SoakPipeline, Writer
-from workload import Workload
 
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.fidelity.exact import compare_all
+from tests.integration.fidelity.seeds import parse_seeds
+from tests.integration.fidelity.workload import Workload
+from tests.integration.reliability.soak_support import CRASHES, SoakPipeline, Writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -11,11 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_pglogical.testing import PostgresCluster
-
-# --import-mode=importlib keeps test directories off sys.path; the tests here share slot_lag_support.py.
-sys.path.insert(0, str(Path(__file__).parent))
-
-from slot_lag_support import (
+from tests.integration.sensors.slot_lag_support import (
     DagsTestResult,
     PublishedSlot,
     airflow_env,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from slot_lag_support import PASSWORD, DagsTestResult, PublishedSlot, connection_uri
+
+from tests.integration.sensors.slot_lag_support import PASSWORD, DagsTestResult, PublishedSlot, connection_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 
