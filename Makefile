@@ -17,7 +17,7 @@ ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.j
 export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars lint test soak demo clean
+.PHONY: venv lake-jars lint test test-fast soak demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ lint: venv
 
 test: lint lake-jars
 	$(BIN)/python -m pytest
+
+# The edit-test loop, under 2 minutes and no server: lint, types and tests/unit only (the same tests
+# as `-m "not integration"`, tests/unit/test_markers.py checks it). CI runs `make test`.
+test-fast: lint
+	$(BIN)/python -m pytest tests/unit
 
 # The crash soak over many seeds (no lint): `make soak SEEDS=100` runs seeds 1-100 (also A-B or A,B),
 # ROUNDS crash rounds each; one line per seed, a summary line, and a failing seed's replay command.

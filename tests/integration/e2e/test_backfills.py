@@ -25,13 +25,13 @@ from typing import Any
 
 import psycopg2
 import pytest
-from e2e_support import lake_snapshots, lake_state, make_lake, spark_apply
 
 from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from tests.integration.e2e.e2e_support import lake_snapshots, lake_state, make_lake, spark_apply
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_backfill"

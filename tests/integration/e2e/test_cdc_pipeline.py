@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from e2e_support import lake_state, make_lake, spark_apply
 
 from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
@@ -23,6 +22,7 @@ from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.manifest import table_dir_name
 from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from tests.integration.e2e.e2e_support import lake_state, make_lake, spark_apply
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_cdc"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from e2e_support import make_lake, spark_apply
 from psycopg2 import sql
 
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
@@ -20,6 +19,7 @@ from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.testing import PostgresCluster
 from airflow_provider_pglogical.values.raw_text import raw_bytes
+from tests.integration.e2e.e2e_support import make_lake, spark_apply
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 TABLE = '"schéma"."tablé"'

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.spark.session import local_session
-
-# --import-mode=importlib keeps test directories off sys.path; the test imports its helpers by name.
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

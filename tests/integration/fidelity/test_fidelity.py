@@ -23,11 +23,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from exact import compare_all
 from pyspark.sql import SparkSession
-from seeds import parse_seeds
-from steps import acknowledge
-from workload import Transaction, Workload
 
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
@@ -36,6 +32,10 @@ from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.fidelity.exact import compare_all
+from tests.integration.fidelity.seeds import parse_seeds
+from tests.integration.fidelity.steps import acknowledge
+from tests.integration.fidelity.workload import Transaction, Workload
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from random import Random
 
-from catalogue import CATALOGUE, PgType, big_text, custom_types, hostile_text
 from psycopg2 import sql
+
+from tests.integration.fidelity.catalogue import CATALOGUE, PgType, big_text, custom_types, hostile_text
 
 SCHEMAS = ["public", "My Schema", "sch.ema", "Ünï Schema", "per%cent", 'q"uote']
 TABLES = [

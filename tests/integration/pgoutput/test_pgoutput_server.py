@@ -10,14 +10,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import random
 import re
 from collections.abc import Iterator
 from contextlib import redirect_stdout
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,10 +30,9 @@ from airflow_provider_pglogical.pgoutput import (
     transactions_to_tables,
 )
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.data.pgoutput import capture
 
 pytestmark = pytest.mark.integration
-
-CAPTURE_SCRIPT = Path(__file__).resolve().parents[1] / "data" / "pgoutput" / "capture.py"
 
 MIXED_SCHEMA = """
 CREATE TABLE t (id int PRIMARY KEY, name text, ts timestamptz, amount numeric(12,2), doc jsonb, big text);
@@ -175,14 +172,6 @@ def test_changes_equal_test_decoding_for_a_mixed_workload(
     assert columnar.end_lsn == transactions[-1].end_lsn
 
 
-def load_capture_module() -> Any:
-    spec = importlib.util.spec_from_file_location("pgoutput_capture", CAPTURE_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def shape(messages: list[dict[str, Any]], protocol: int) -> Iterator[tuple[str, Any]]:
     """What a capture must reproduce: message classes and tuple contents (not LSNs, xids, oids)."""
     decoder = PgOutputDecoder(protocol)
@@ -194,12 +183,10 @@ def shape(messages: list[dict[str, Any]], protocol: int) -> Iterator[tuple[str, 
 
 
 def test_stored_captures_match_the_server() -> None:
-    capture = load_capture_module()
-    stored_dir = CAPTURE_SCRIPT.parent
     with PostgresCluster(settings=capture.SETTINGS) as pg:
         for name, scenario in capture.SCENARIOS.items():
             live = capture.capture(pg, name, scenario)
-            stored = json.loads((stored_dir / f"{name}.json").read_text())
+            stored = json.loads((capture.HERE / f"{name}.json").read_text())
             protocol = int(stored["options"]["proto_version"])
             assert list(shape(live["messages"], protocol)) == list(shape(stored["messages"], protocol)), name
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,13 +10,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.spark.session import local_session
-
-# --import-mode=importlib keeps test directories off sys.path; the crash soak imports its helpers, the
-# fidelity generator (workload.py, exact.py) and the apply job's spark-submit (e2e_support.py) by name.
-_HERE = Path(__file__).parent
-for _helpers in (_HERE, _HERE.parent / "fidelity", _HERE.parent / "e2e"):
-    if str(_helpers) not in sys.path:
-        sys.path.insert(0, str(_helpers))
 
 
 def _remount(path: Path, options: str) -> None:

@@ -30,11 +30,8 @@ from random import Random
 
 import psycopg2
 import pyarrow.parquet as pq
-from e2e_support import spark_submit_command
 from pyiceberg.exceptions import NoSuchTableError
 from pyspark.sql import SparkSession
-from steps import acknowledge
-from workload import Transaction
 
 from airflow_provider_pglogical.engine.drain import DrainSettings, Transport, drain_batch
 from airflow_provider_pglogical.engine.lake_catalog import open_catalog, unapplied_tables
@@ -49,6 +46,9 @@ from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import AirflowSandbox
+from tests.integration.e2e.e2e_support import spark_submit_command
+from tests.integration.fidelity.steps import acknowledge
+from tests.integration.fidelity.workload import Transaction
 
 SLOT = "soak"
 CRASHES = ["drain_kill", "apply_kill", "dag_kill", "ack_lost", "apply_twice", "resnapshot_race"]

@@ -24,7 +24,8 @@ from __future__ import annotations
 import copy
 
 from psycopg2 import sql
-from workload import BY_LABEL, Column, Table, Transaction, Workload, _lit, big_text
+
+from tests.integration.fidelity.workload import BY_LABEL, Column, Table, Transaction, Workload, _lit, big_text
 
 SPLIT = {  # a row filter on a key column of each key type: about half of the rows pass
     "int4": "{} % 3 <> 0",

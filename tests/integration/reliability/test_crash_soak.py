@@ -37,15 +37,15 @@ from random import Random
 
 import psycopg2
 import pytest
-from exact import compare_all
 from psycopg2 import sql
 from pyspark.sql import SparkSession
-from seeds import parse_seeds
-from soak_support import CRASHES, SoakPipeline, Writer
-from soak_workload import SoakWorkload
 
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from tests.integration.fidelity.exact import compare_all
+from tests.integration.fidelity.seeds import parse_seeds
+from tests.integration.reliability.soak_support import CRASHES, SoakPipeline, Writer
+from tests.integration.reliability.soak_workload import SoakWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

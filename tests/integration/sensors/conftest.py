@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-
-# --import-mode=importlib keeps test directories off sys.path; the tests here share slot_lag_support.py.
-sys.path.insert(0, str(Path(__file__).parent))
-
-from slot_lag_support import PublishedSlot, connection_uri, make_published_slot
+from tests.integration.sensors.slot_lag_support import PublishedSlot, connection_uri, make_published_slot
 
 
 @pytest.fixture

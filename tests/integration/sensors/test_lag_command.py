@@ -6,10 +6,10 @@ import argparse
 import json
 
 import pytest
-from slot_lag_support import PASSWORD, PublishedSlot
 
 from airflow_provider_pglogical.cli.lag import register
 from airflow_provider_pglogical.errors import SlotNotFoundError
+from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import pytest
 from psycopg2 import sql
-from slot_lag_support import PASSWORD, PublishedSlot, make_published_slot
 
 from airflow_provider_pglogical.cli.lag import register
 from airflow_provider_pglogical.engine.health import WalRetentionError
@@ -23,6 +22,7 @@ from airflow_provider_pglogical.errors import SlotLostError
 from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
 from airflow_provider_pglogical.testing import PostgresCluster
 from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot, make_published_slot
 
 pytestmark = pytest.mark.integration
 

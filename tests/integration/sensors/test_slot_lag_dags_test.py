@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from slot_lag_support import PASSWORD, PublishedSlot
 
 from airflow_provider_pglogical.testing import AirflowSandbox
+from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 

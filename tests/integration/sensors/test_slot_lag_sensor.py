@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSensorTimeout, TaskDeferred
-from slot_lag_support import PASSWORD, PublishedSlot
 
 from airflow_provider_pglogical.engine.health import LagThresholds, assess_slot, decide
 from airflow_provider_pglogical.errors import SlotNotFoundError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
 from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
 
 pytestmark = pytest.mark.integration
 

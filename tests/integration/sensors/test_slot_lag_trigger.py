@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from airflow.triggers.base import TriggerEvent
-from slot_lag_support import PASSWORD, PublishedSlot
 
 from airflow_provider_pglogical.engine.health import assess_slot_async
 from airflow_provider_pglogical.engine.health.drivers import connect_async, wait_async
@@ -18,6 +17,7 @@ from airflow_provider_pglogical.errors import SlotNotFoundError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
 from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,6 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 import pytest
-from snapshot_helpers import staged_table
 
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.errors import (
@@ -32,6 +31,7 @@ from airflow_provider_pglogical.replication import (
     publish_tables,
 )
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.snapshot.snapshot_helpers import staged_table
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from snapshot_helpers import load_manifest, peek_inserts, sorted_rows, source_rows, staged_table
 
 from airflow_provider_pglogical.engine.snapshot import SnapshotProgress, take_snapshot
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.snapshot.snapshot_helpers import (
+    load_manifest,
+    peek_inserts,
+    sorted_rows,
+    source_rows,
+    staged_table,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from snapshot_helpers import load_manifest, sorted_rows, staged_table
 
 from airflow_provider_pglogical.formats.manifest import is_sibling
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.snapshot.snapshot_helpers import load_manifest, sorted_rows, staged_table
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,9 +11,6 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.spark.session import local_session, register_lake
-
-# --import-mode=importlib keeps test directories off sys.path; the tests here share spark_staging.py.
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,11 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import BooleanType
-from spark_staging import TableDef
 
 from airflow_provider_pglogical.formats.lake import LakeConfig, TableState, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark.iceberg import IcebergTables
+from tests.integration.spark.spark_staging import TableDef
 
 
 def table_name(config: LakeConfig, identifier: tuple[str, str]) -> str:

@@ -14,9 +14,14 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from iceberg_support import LakeReader
 from pyspark.sql import SparkSession
-from spark_staging import (
+
+from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.spark import APPLY_JOB_PATH, iceberg, job_py_files, local_jars
+from airflow_provider_pglogical.spark import apply_batch as job
+from tests.integration.spark.iceberg_support import LakeReader
+from tests.integration.spark.spark_staging import (
     ORDERS,
     Change,
     Part,
@@ -31,11 +36,6 @@ from spark_staging import (
     trunc,
     upd,
 )
-
-from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.spark import APPLY_JOB_PATH, iceberg, job_py_files, local_jars
-from airflow_provider_pglogical.spark import apply_batch as job
 
 SNAP_LSN = 0x1000_0000
 

@@ -15,10 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from iceberg_support import LakeReader, pyiceberg_catalog
 from pyspark.sql import SparkSession
 from pyspark.sql.types import DecimalType, LongType
-from spark_staging import Change, Row, Stager, TableDef, dele, ins, model_apply, rows_of, upd
 
 from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
@@ -26,6 +24,18 @@ from airflow_provider_pglogical.spark import apply_batch as job
 from airflow_provider_pglogical.spark import iceberg
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.spark.iceberg_support import LakeReader, pyiceberg_catalog
+from tests.integration.spark.spark_staging import (
+    Change,
+    Row,
+    Stager,
+    TableDef,
+    dele,
+    ins,
+    model_apply,
+    rows_of,
+    upd,
+)
 
 S0 = 0x2000_0000
 Table = dict[tuple[Any, ...], Row]

@@ -9,14 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from iceberg_support import LakeReader
 from pyspark.sql import SparkSession
-from spark_staging import ORDERS, Row, Stager, TableDef, dele, ins, model_apply, rows_of, upd
 
 from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark import apply_batch, maintain_lake
 from airflow_provider_pglogical.spark.iceberg import IcebergTables
+from tests.integration.spark.iceberg_support import LakeReader
+from tests.integration.spark.spark_staging import (
+    ORDERS,
+    Row,
+    Stager,
+    TableDef,
+    dele,
+    ins,
+    model_apply,
+    rows_of,
+    upd,
+)
 
 SNAP_LSN = 0x2000_0000
 ITEMS = TableDef("public", "items", [("id", pa.int64()), ("label", pa.string())], ["id"])

@@ -15,9 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from iceberg_support import LakeReader
 from pyspark.sql import SparkSession
-from spark_staging import Change, Part, Row, Stager, TableDef, dele, ins, multiset_apply, trunc, upd
 
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
@@ -29,6 +27,19 @@ from airflow_provider_pglogical.replication import advance_slot, connect
 from airflow_provider_pglogical.spark import apply_batch as job
 from airflow_provider_pglogical.spark import iceberg
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.spark.iceberg_support import LakeReader
+from tests.integration.spark.spark_staging import (
+    Change,
+    Part,
+    Row,
+    Stager,
+    TableDef,
+    dele,
+    ins,
+    multiset_apply,
+    trunc,
+    upd,
+)
 
 S0 = 0x1000_0000
 LOG = TableDef("public", "log", [("k", pa.string()), ("v", pa.int32())], [])  # DEFAULT, no key

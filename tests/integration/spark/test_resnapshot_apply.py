@@ -18,9 +18,15 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from iceberg_support import LakeReader, competing_writer
 from pyspark.sql import SparkSession
-from spark_staging import (
+
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake, tag_name
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.spark import apply_batch as job
+from airflow_provider_pglogical.spark import iceberg
+from airflow_provider_pglogical.spark.session import register_lake
+from tests.integration.spark.iceberg_support import LakeReader, competing_writer
+from tests.integration.spark.spark_staging import (
     ORDERS,
     Change,
     Part,
@@ -35,12 +41,6 @@ from spark_staging import (
     trunc,
     upd,
 )
-
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.spark import apply_batch as job
-from airflow_provider_pglogical.spark import iceberg
-from airflow_provider_pglogical.spark.session import register_lake
 
 # ALTER TABLE orders ADD COLUMN note text
 NOTED = TableDef("public", "orders", [*ORDERS.columns, ("note", pa.string())], ["id"])

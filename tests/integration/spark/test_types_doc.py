@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psycopg2
 import pytest
-from pg_text import lake_vs_postgres
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
@@ -26,6 +25,7 @@ from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.spark.pg_text import lake_vs_postgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -15,7 +15,6 @@ from typing import Any
 import psycopg2
 import pyarrow.parquet as pq
 import pytest
-from pg_text import lake_vs_postgres
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
@@ -28,6 +27,7 @@ from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.spark import snapshot_jdbc
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.spark.pg_text import lake_vs_postgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -1,8 +1,0 @@
-"""Snapshot tests share snapshot_helpers.py; --import-mode=importlib keeps test directories off sys.path."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
