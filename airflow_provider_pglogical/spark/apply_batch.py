@@ -53,14 +53,16 @@ from airflow_provider_pglogical.spark.changes import (
     COMMIT_LSN,
     EVENT_KIND,
     ROW_KEY,
+    UNFILLED,
     UPSERT,
+    NetEffect,
     column,
     key_struct,
     net_effect,
 )
 from airflow_provider_pglogical.spark.iceberg import IcebergTables, is_conflict, quote, temp_view
 from airflow_provider_pglogical.spark.job import job_parser, run_job
-from airflow_provider_pglogical.spark.schema_evolution import plan_schema_changes
+from airflow_provider_pglogical.spark.schema_evolution import plan_schema_changes, resnapshot_needed
 from airflow_provider_pglogical.spark.staged import (
     base_dir,
     declared_schema,
@@ -280,6 +282,7 @@ class ApplyJob:
         else:
             keys = key_columns(spec, [c.name for c in columns])
             net = net_effect(changes, columns, keys, self.spark.table(target))
+            self._refuse_unfilled(spec, net)
             rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
             bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
             sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
@@ -294,6 +297,18 @@ class ApplyJob:
             self.tables.record(merged, summary, read_snapshot)
         log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, time.monotonic() - started)
         return TableResult(spec.qualified, "applied", count, seconds=time.monotonic() - started)
+
+    def _refuse_unfilled(self, spec: TableManifest, net: NetEffect) -> None:
+        """Stop before the MERGE when a row would get NULL for a value the source holds (see NetEffect)."""
+        lost = [] if net.unfilled is None else net.unfilled.limit(5).collect()
+        if lost:
+            shown = "; ".join(f"{row[ROW_KEY]} ({', '.join(row[UNFILLED])})" for row in lost)
+            raise resnapshot_needed(
+                spec, self.manifest.slot, self.base_dir,
+                "rows entered the publication's row filter through an UPDATE that left out-of-line "
+                f"(TOAST) values untouched: {shown}. PostgreSQL sends such an UPDATE as an INSERT "
+                "without those values, and the lake holds no earlier copy of the row",
+            )  # fmt: skip
 
     def _live_changes(self, spec: TableManifest, base: Lsn) -> DataFrame | None:
         """The staged changes, leaving out files that hold only changes below the base LSN when

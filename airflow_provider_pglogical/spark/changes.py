@@ -32,6 +32,7 @@ IS_PROBE = "_pgl_x_probe"
 PROBE_KEY = "_pgl_x_probe_key"
 ORDER = "_pgl_x_order"
 VALUE, STILL_UNCHANGED, POINTER, TARGET_KEY = "_pgl_x_v", "_pgl_x_u", "_pgl_x_ptr", "_pgl_x_tkey"
+UNFILLED = "_pgl_x_unfilled"  # unchanged columns whose value neither the batch nor the target holds
 UPSERT, DELETE = "U", "D"
 
 
@@ -41,11 +42,15 @@ class NetEffect:
 
     ``rows`` has the table columns plus ``EVENT_KIND`` (``U``: the row now holds these values;
     ``D``: no row under this key) and ``ROW_KEY``; ``truncated`` means a TRUNCATE came before
-    those events, so every other row of the table is gone too.
+    those events, so every other row of the table is gone too. ``unfilled`` holds the upserts
+    (``ROW_KEY``, ``UNFILLED``) that keep an unchanged TOAST column no earlier change and no target
+    row can supply: an UPDATE a row filter turned into an INSERT sends untouched out-of-line values
+    as unchanged, and the row was never in the lake. Applying them would store NULL there.
     """
 
     rows: DataFrame
     truncated: bool
+    unfilled: DataFrame | None = None
 
 
 def column(name: str) -> Column:
@@ -150,6 +155,7 @@ def fill_unchanged(
     """
     preds = _predecessors(events)
     base = events.withColumn(EVENT_ID, _event_id()).join(preds, EVENT_ID, "left")
+    base = base.withColumn(UNFILLED, sf.array().cast("array<string>"))
     target_keyed = target.select(key_struct(keys).alias(TARGET_KEY), *[column(n) for n in filled])
     columns = (VALUE, STILL_UNCHANGED, POINTER, TARGET_KEY)
     for name in filled:
@@ -175,11 +181,19 @@ def fill_unchanged(
             )
         else:
             raise RuntimeError(f"unchanged TOAST column {name!r}: its predecessor chain does not end")
-        from_target = target_keyed.select(TARGET_KEY, column(name).alias("_t")).dropDuplicates([TARGET_KEY])
+        from_target = target_keyed.select(
+            TARGET_KEY, column(name).alias("_t"), sf.lit(True).alias("_found")
+        ).dropDuplicates([TARGET_KEY])
         resolved = cells.join(from_target, TARGET_KEY, "left").select(
-            EVENT_ID, sf.when(sf.col(STILL_UNCHANGED), sf.col("_t")).otherwise(sf.col(VALUE)).alias(name)
+            EVENT_ID,
+            sf.when(sf.col(STILL_UNCHANGED), sf.col("_t")).otherwise(sf.col(VALUE)).alias(name),
+            (sf.col(STILL_UNCHANGED) & sf.col("_found").isNull()).alias("_lost"),
         )
         base = base.drop(name).join(resolved, EVENT_ID, "left")
+        lost = sf.coalesce(sf.col("_lost"), sf.lit(False))
+        base = base.withColumn(
+            UNFILLED, sf.when(lost, sf.array_append(UNFILLED, sf.lit(name))).otherwise(sf.col(UNFILLED))
+        ).drop("_lost")
     return base.drop(EVENT_ID, PREDECESSOR)
 
 
@@ -204,8 +218,11 @@ def net_effect(
     events = build_events(live, columns, keys)
     names = {c.name for c in columns}
     filled = sorted({r[0] for r in live.select(sf.explode(UNCHANGED)).distinct().collect()} & names)
-    if filled:
-        lookup = target.limit(0) if truncate is not None else target
-        events = fill_unchanged(events, lookup, keys, filled)
-    rows = final_rows(events).select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
-    return NetEffect(rows, truncate is not None)
+    if not filled:
+        rows = final_rows(events).select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
+        return NetEffect(rows, truncate is not None)
+    lookup = target.limit(0) if truncate is not None else target
+    final = final_rows(fill_unchanged(events, lookup, keys, filled)).localCheckpoint()
+    rows = final.select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
+    unfilled = final.where((sf.col(EVENT_KIND) == UPSERT) & (sf.size(UNFILLED) > 0)).select(ROW_KEY, UNFILLED)
+    return NetEffect(rows, truncate is not None, unfilled)

@@ -157,13 +157,8 @@ def plan_schema_changes(
         indexes = _live_versions(spark, base_dir, spec, base, start)
         result = plan(previous, [spec.versions[i].columns for i in indexes], spec.catalog)
     if result.problem is not None:
-        staging = base_dir.rsplit("/", 2)[0] if base_dir.count("/") >= 2 else None
-        raise ResnapshotNeededError(
-            f"table {spec.qualified}: {result.problem}. The stream cannot show what this did to the rows "
-            f"already in the table, so nothing of this batch was applied to it and the slot is not "
-            f"acknowledged. Re-snapshot the table, then re-run this task: "
-            f"{backfill_command(slot, staging, spec.qualified)}"
-        )
+        problem = f"{result.problem}. The stream cannot show what this did to the rows already in the table"
+        raise resnapshot_needed(spec, slot, base_dir, problem)
     earlier = tuple(
         frozenset(_basename(f) for i in indexes[: fill.version] for f in spec.versions[i].files)
         for fill in result.fills
@@ -174,3 +169,13 @@ def plan_schema_changes(
         added = [(f.column, "missing value" if f.missing else "NULL") for f in result.fills]
         log.info("%s: schema changes: widened %s, added %s", spec.qualified, list(result.widened), added)
     return SchemaSteps(result.fills, earlier, None if missing is None else f"{base_dir}/{missing}", last)
+
+
+def resnapshot_needed(spec: TableManifest, slot: str, base_dir: str, problem: str) -> ResnapshotNeededError:
+    """The error that stops a table's apply for a re-snapshot, with the command that starts one."""
+    staging = base_dir.rsplit("/", 2)[0] if base_dir.count("/") >= 2 else None
+    return ResnapshotNeededError(
+        f"table {spec.qualified}: {problem}, so nothing of this batch was applied to it and the slot is "
+        f"not acknowledged. Re-snapshot the table, then re-run this task: "
+        f"{backfill_command(slot, staging, spec.qualified)}"
+    )

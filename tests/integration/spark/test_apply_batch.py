@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from airflow_provider_pglogical import errors
 from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH, iceberg, job_py_files, local_jars
@@ -234,7 +235,7 @@ def test_incompatible_type_change_is_refused(lake: Lake) -> None:
         SNAP_LSN, SNAP_LSN + 500, [(retyped, [[ins(SNAP_LSN + 100, 0, id=9, name=5)]])]
     )
     with pytest.raises(
-        iceberg.SchemaConflictError, match=r"`public`\.`orders`.*'name'.*string cannot hold int.*re-snapshot"
+        errors.SchemaConflictError, match=r"`public`\.`orders`.*'name'.*string cannot hold int.*re-snapshot"
     ):
         lake.apply(manifest)
     assert lake.current(ORDERS) == before  # nothing of the batch in the table or its state
@@ -249,7 +250,7 @@ def test_type_change_within_a_batch_names_the_column(lake: Lake) -> None:
     parts: list[Part] = [[ins(b, 0, **_row(7))], (retyped, [ins(b + 100, 0, id=8, amount=1.5)])]
     manifest = lake.stager.batch(SNAP_LSN, b + 500, [(ORDERS, parts)])
     with pytest.raises(
-        iceberg.SchemaConflictError, match=r"'amount' changed type from decimal\(10,2\).*to double"
+        errors.SchemaConflictError, match=r"'amount' changed type from decimal\(10,2\).*to double"
     ):
         lake.apply(manifest)
 
@@ -373,7 +374,7 @@ def test_tables_option_applies_only_the_named_tables(lake: Lake) -> None:
     manifest = lake.stage(
         SNAP_LSN, end, [(ORDERS, [[ins(b, 0, **_row(2))]]), (items, [[ins(b, 1, id=1, name="a")]])]
     )
-    with pytest.raises(iceberg.ApplyError, match=r"--tables names \['public.nope'\]"):
+    with pytest.raises(errors.ApplyError, match=r"--tables names \['public.nope'\]"):
         lake.apply(manifest, ["public.nope"])
     lake.apply(manifest, ["public.items"])
     assert lake.state(items).applied_end_lsn == Lsn(end)

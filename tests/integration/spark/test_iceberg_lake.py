@@ -18,10 +18,10 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.types import DecimalType, LongType
 
+from airflow_provider_pglogical import errors
 from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark import apply_batch as job
-from airflow_provider_pglogical.spark import iceberg
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import PostgresCluster
 from tests.integration.spark.iceberg_support import LakeReader, pyiceberg_catalog
@@ -182,11 +182,11 @@ def test_a_postgresql_jdbc_catalog_holds_the_lake(
 def test_a_catalog_spark_does_not_know_is_refused_by_name(spark: SparkSession, tmp_path: Path) -> None:
     manifest = str(tmp_path / "_manifest.json")  # never read: the catalog is checked first
     unknown = LakeConfig(catalog=f"nowhere_{uuid.uuid4().hex[:8]}")
-    with pytest.raises(iceberg.CatalogError, match=rf"Spark has no catalog '{unknown.catalog}'"):
+    with pytest.raises(errors.CatalogError, match=rf"Spark has no catalog '{unknown.catalog}'"):
         job.apply_manifest(spark, manifest, unknown)
     unreachable = local_lake(str(tmp_path / "missing" / "dir"), catalog=f"broken_{uuid.uuid4().hex[:8]}")
     register_lake(spark, unreachable)
-    with pytest.raises(iceberg.CatalogError, match=rf"cannot reach Iceberg catalog '{unreachable.catalog}'"):
+    with pytest.raises(errors.CatalogError, match=rf"cannot reach Iceberg catalog '{unreachable.catalog}'"):
         job.apply_manifest(spark, manifest, unreachable)
 
 
@@ -242,7 +242,7 @@ def test_an_incompatible_type_change_is_refused_without_a_trace(
     before, logged = lake.current(STOCK), lake.changelog(STOCK)
     relabeled = TableDef("public", "stock", [("id", pa.int64()), ("label", pa.int64())], ["id"])
     bad = stager.batch(e1, e1 + 500, [(relabeled, [[ins(e1 + 100, 0, id=9, label=5)]])])
-    with pytest.raises(iceberg.SchemaConflictError, match=r"column 'label' changed type .*re-snapshot"):
+    with pytest.raises(errors.SchemaConflictError, match=r"column 'label' changed type .*re-snapshot"):
         job.apply_manifest(spark, bad, lake_config)
     assert lake.current(STOCK) == before
     assert lake.state(STOCK).applied_end_lsn == Lsn(e1)

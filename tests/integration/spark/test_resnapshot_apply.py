@@ -20,6 +20,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from airflow_provider_pglogical import errors
 from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.spark import apply_batch as job
@@ -359,7 +360,7 @@ def test_a_table_lost_on_every_attempt_names_the_pool_advice(
     monkeypatch.setattr(job, "temp_view", lambda df: real_view(df.where(competitor)))
     n = job.CONFLICT_ATTEMPTS
     with pytest.raises(
-        iceberg.ConcurrentWriteError,
+        errors.ConcurrentWriteError,
         match=rf"public\.orders: another writer committed the table first {n} times .*one Airflow pool",
     ):
         lake.apply(b1)
@@ -409,5 +410,5 @@ def test_a_type_change_below_the_base_does_not_block_the_batch(
     fresh = local_lake(str(tmp_path / "lake2"), catalog=f"lake_{uuid.uuid4().hex[:8]}")
     register_lake(spark, fresh)
     job.apply_manifest(spark, stager.snapshot(S0, [(named, [{"id": 1, "name": "a"}])]), fresh)
-    with pytest.raises(iceberg.SchemaConflictError, match="re-snapshot the table"):
+    with pytest.raises(errors.SchemaConflictError, match="re-snapshot the table"):
         job.apply_manifest(spark, stager.batch(S0, s + 2000, [(retyped, parts)]), fresh)
