@@ -17,13 +17,13 @@ import pyarrow as pa
 
 from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.errors import PgLogicalError
+from airflow_provider_pglogical.formats.layout import MISSING_VALUES_PREFIX
 from airflow_provider_pglogical.formats.manifest import TableManifest
 from airflow_provider_pglogical.formats.schema_changes import CatalogFacts, ColumnFacts
 from airflow_provider_pglogical.values.arrow_types import text_to_arrow
 
 log = logging.getLogger(__name__)
 
-MISSING_VALUES_PREFIX = "missing"
 
 # attmissingval is a one-element anyarray of the column's type; its text re-read as text[] gives
 # the element's text form. A default of any kind: the column's own, an identity, a domain's.

@@ -41,14 +41,9 @@ from airflow_provider_pglogical.errors import (
     SlotPluginError,
     StagingNotWritableError,
 )
+from airflow_provider_pglogical.formats.layout import change_batch_id, change_part_prefix, table_dir_name
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import (
-    ColumnManifest,
-    Manifest,
-    ManifestStats,
-    TableManifest,
-    table_dir_name,
-)
+from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, ManifestStats, TableManifest
 from airflow_provider_pglogical.formats.schema_changes import RelationVersion, SourceColumn
 from airflow_provider_pglogical.pgoutput import BatchDecoder, DecodedBatch, Relation, TableChanges
 from airflow_provider_pglogical.replication import (
@@ -144,11 +139,6 @@ class DrainResult:
         }
 
 
-def batch_id_for(start: Lsn) -> str:
-    """The staging directory name of the batch starting at ``start``."""
-    return f"batch-{int(start):016X}"
-
-
 @dataclass(slots=True)
 class _TableOutput:
     """The part files of one table across the relation versions seen in this batch."""
@@ -194,7 +184,7 @@ class _Stager:
             out = self.tables[key] = _TableOutput(relation.namespace, relation.name, relation)
         if not out.shapes or not out.shapes[-1].same_shape(relation):
             directory = self.location.path(self.batch_dir, table_dir_name(*key))
-            prefix = f"part-v{len(out.shapes):03d}"
+            prefix = change_part_prefix(len(out.shapes))
             schema = changes.batches[0].schema if changes.batches else changes.to_table().schema
             out.writers.append(PartFileWriter(self.location, directory, schema, prefix=prefix))
             out.shapes.append(relation)
@@ -353,7 +343,7 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
     conn = connect(params)
     try:
         start = _check_slot(conn, settings)
-        batch_id = batch_id_for(start)
+        batch_id = change_batch_id(start)
         batch_dir = location.batch_dir(settings.slot, batch_id)
         existing = _prepare_staging(location, settings.slot, batch_id)
         if existing is not None:

@@ -18,8 +18,9 @@ import pyarrow as pa
 from airflow_provider_pglogical.errors import LakeCatalogError
 from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig, TableState
+from airflow_provider_pglogical.formats.layout import encode_name_part
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import Manifest, encode_name_part
+from airflow_provider_pglogical.formats.manifest import Manifest
 
 # Spark catalog `type` -> pyiceberg catalog type; JDBC needs its URI translated.
 _PASS_THROUGH = {"rest": "rest", "hive": "hive", "glue": "glue", "nessie": "rest"}

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical.formats.manifest import MANIFEST_NAME, Manifest
+from airflow_provider_pglogical.formats.layout import MANIFEST_NAME, batch_path, part_file_name
+from airflow_provider_pglogical.formats.manifest import Manifest
 
 DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
 # Object stores replace an object in one PUT, so writing the manifest in place is atomic there;
@@ -93,7 +94,7 @@ class StagingLocation:
         return True
 
     def batch_dir(self, slot: str, batch_id: str) -> str:
-        return self.path(slot, batch_id)
+        return self.path(batch_path(slot, batch_id))
 
     def list_batches(self, slot: str, prefix: str = "") -> list[tuple[str, bool]]:
         """``(batch id, complete)`` for every staged directory of a slot whose name starts with ``prefix``.
@@ -172,7 +173,7 @@ class PartFileWriter:
         self._writer: pq.ParquetWriter | None = None
 
     def _open(self) -> pq.ParquetWriter:
-        path = posixpath.join(self.directory, f"{self.prefix}-{len(self.files):04d}.parquet")
+        path = posixpath.join(self.directory, part_file_name(self.prefix, len(self.files)))
         self.location.filesystem.create_dir(self.directory, recursive=True)
         self._sink = self.location.filesystem.open_output_stream(path)
         self._writer = pq.ParquetWriter(

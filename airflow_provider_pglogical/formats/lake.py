@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_pglogical.errors import LakeConfigError
+from airflow_provider_pglogical.formats.layout import encode_name_part
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import encode_name_part
 
 SPARK_CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
 SPARK_EXTENSIONS = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"

@@ -14,41 +14,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from airflow_provider_pglogical.errors import ManifestFormatError
+from airflow_provider_pglogical.formats.layout import table_dir_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.schema_changes import CatalogFacts, RelationVersion
 
 FORMAT_VERSION = 1
-MANIFEST_NAME = "_manifest.json"
 
 Kind = Literal["snapshot", "batch"]
 ReplicaIdentity = Literal["d", "f", "i", "n"]
-
-# Characters that would make a table directory name ambiguous ("." separates schema and table).
-_ENCODED = {"%": "%25", "/": "%2F", ".": "%2E"}
-
-
-def encode_name_part(name: str) -> str:
-    """A schema or table name with `%`, `/` and `.` percent-encoded (staging directories, lake namespaces)."""
-    return "".join(_ENCODED.get(ch, ch) for ch in name)
-
-
-def _decode_part(text: str) -> str:
-    # Only the three escapes _encode_part produces exist; decode %25 last so "%252E" stays "%2E".
-    return text.replace("%2F", "/").replace("%2E", ".").replace("%25", "%")
-
-
-def table_dir_name(schema: str, table: str) -> str:
-    """``schema.table`` with ``/``, ``%`` and ``.`` percent-encoded in each part (``s.a%2Eb``)."""
-    return f"{encode_name_part(schema)}.{encode_name_part(table)}"
-
-
-def parse_table_dir_name(name: str) -> tuple[str, str]:
-    """Inverse of :func:`table_dir_name`."""
-    schema, sep, table = name.partition(".")
-    if not sep or "." in table:
-        raise ValueError(f"not a table directory name: {name!r}")
-    return _decode_part(schema), _decode_part(table)
-
 
 SIBLING_SUFFIX = "__pgl_text"
 """Reserved ending of overflow sibling columns (docs/TYPES.md): defined here, where the job reads it too."""
@@ -62,16 +35,6 @@ def sibling_name(column: str) -> str:
 def is_sibling(name: str) -> bool:
     """Whether a staged column is an overflow sibling rather than a source column."""
     return name.endswith(SIBLING_SUFFIX)
-
-
-def snapshot_batch_id(consistent_point: Lsn) -> str:
-    """``snapshot-<LSN as 16 hex digits>``: sorts by LSN as text."""
-    return f"snapshot-{int(consistent_point):016X}"
-
-
-def change_batch_id(start_lsn: Lsn, end_lsn: Lsn) -> str:
-    """``batch-<start hex16>-<end hex16>``."""
-    return f"batch-{int(start_lsn):016X}-{int(end_lsn):016X}"
 
 
 def _utc_now() -> str:

@@ -33,8 +33,8 @@ from pyspark.sql.types import (
 from airflow_provider_pglogical.errors import ApplyError, CatalogError, SchemaConflictError
 from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig, TableState
+from airflow_provider_pglogical.formats.layout import encode_name_part
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import encode_name_part
 from airflow_provider_pglogical.spark.changes import OLD
 
 log = logging.getLogger("pglogical.apply")

@@ -36,6 +36,7 @@ from airflow_provider_pglogical.errors import (
     StagingNotWritableError,
     TableDroppedError,
 )
+from airflow_provider_pglogical.formats.layout import snapshot_part_prefix
 from airflow_provider_pglogical.replication import connect
 from airflow_provider_pglogical.replication.connection import (
     ConnParams,
@@ -213,7 +214,7 @@ class LocalCopy:
             self.location,
             self.location.path(self.batch_dir, plan.dir_name),
             plan.arrow_schema,
-            prefix=f"part-{task.index:05d}",
+            prefix=snapshot_part_prefix(task.index),
             max_file_bytes=self.max_file_bytes,
         )
         command = sql.SQL("COPY ({}) TO STDOUT").format(plan.select(task.block_range))

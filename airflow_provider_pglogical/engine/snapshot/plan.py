@@ -25,7 +25,8 @@ from airflow_provider_pglogical.errors import (
     TableDroppedError,
     TableNotPublishedError,
 )
-from airflow_provider_pglogical.formats.manifest import ColumnManifest, TableManifest, table_dir_name
+from airflow_provider_pglogical.formats.layout import table_dir_name
+from airflow_provider_pglogical.formats.manifest import ColumnManifest, TableManifest
 from airflow_provider_pglogical.replication import connect
 from airflow_provider_pglogical.replication.connection import ConnParams
 from airflow_provider_pglogical.replication.publications import PublishedTable, published_tables

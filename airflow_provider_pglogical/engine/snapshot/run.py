@@ -46,13 +46,9 @@ from airflow_provider_pglogical.errors import (
     SlotNotFoundError,
     SnapshotLostError,
 )
+from airflow_provider_pglogical.formats.layout import MANIFEST_NAME, SNAPSHOT_PREFIX, snapshot_batch_id
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ManifestStats,
-    snapshot_batch_id,
-)
+from airflow_provider_pglogical.formats.manifest import Manifest, ManifestStats
 from airflow_provider_pglogical.replication import connect, connect_replication
 from airflow_provider_pglogical.replication.connection import (
     ConnParams,
@@ -290,7 +286,7 @@ class SnapshotRun:
 
     def _discard_incomplete(self) -> None:
         """Delete snapshot directories of this slot that have no manifest (failed earlier runs)."""
-        for name, complete in self.location.list_batches(self.slot, prefix="snapshot-"):
+        for name, complete in self.location.list_batches(self.slot, prefix=SNAPSHOT_PREFIX):
             if not complete:
                 log.info("deleting incomplete staged snapshot %s of slot %s", name, self.slot)
                 self.location.delete_dir(self.location.batch_dir(self.slot, name))
@@ -463,7 +459,7 @@ def staged_snapshot(staging: str, slot: str) -> tuple[str, Manifest] | None:
     hands to its load again when the slot already exists.
     """
     location = StagingLocation.resolve(staging)
-    for name, complete in sorted(location.list_batches(slot, prefix="snapshot-"), reverse=True):
+    for name, complete in sorted(location.list_batches(slot, prefix=SNAPSHOT_PREFIX), reverse=True):
         if not complete:
             continue
         batch_dir = location.batch_dir(slot, name)

@@ -24,6 +24,7 @@ from airflow_provider_pglogical.engine.snapshot.exported import IMPORT_SNAPSHOT,
 from airflow_provider_pglogical.engine.snapshot.plan import ColumnPlan, TableCopy, TablePlan
 from airflow_provider_pglogical.engine.staging import StagingLocation
 from airflow_provider_pglogical.errors import SparkEngineUnsupportedError
+from airflow_provider_pglogical.formats.layout import is_part_file
 from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.replication.connection import SESSION_OPTIONS, ConnParams, stores_raw_text
 from airflow_provider_pglogical.values import overflow
@@ -156,7 +157,7 @@ def collect_staged(location: StagingLocation, batch_dir: str, plans: Sequence[Ta
         files, rows, size, fields = [], 0, 0, set()
         for path in location.list_files(directory):
             name = posixpath.basename(path)
-            if not (name.startswith("part-") and name.endswith(".parquet")):
+            if not is_part_file(name):
                 location.filesystem.delete_file(path)
                 continue
             info = location.filesystem.get_file_info(path)

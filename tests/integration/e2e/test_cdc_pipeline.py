@@ -19,7 +19,7 @@ from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.lake_catalog import latest_cut, open_catalog
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.manifest import table_dir_name
+from airflow_provider_pglogical.formats.layout import table_dir_name
 from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 from tests.integration.e2e.e2e_support import lake_state, make_lake, spark_apply

@@ -10,14 +10,9 @@ import pytest
 
 from airflow_provider_pglogical.engine.retention import prune_staging
 from airflow_provider_pglogical.engine.staging import StagingLocation
+from airflow_provider_pglogical.formats.layout import change_batch_id, snapshot_batch_id
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import (
-    ColumnManifest,
-    Manifest,
-    TableManifest,
-    change_batch_id,
-    snapshot_batch_id,
-)
+from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, TableManifest
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 OLD = (NOW - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -44,7 +39,7 @@ def _stage(root: Path, manifest: Manifest | None, batch_id: str, slot: str = SLO
 
 
 def _batch(root: Path, start: int, end: int, created_at: str, slot: str = SLOT) -> Path:
-    batch_id = change_batch_id(Lsn(start), Lsn(end))
+    batch_id = change_batch_id(Lsn(start))
     manifest = Manifest(
         "batch", slot, "shop", batch_id, Lsn(start), Lsn(end), (_table("a"),), created_at=created_at
     )
@@ -98,7 +93,7 @@ def test_batch_ending_exactly_at_the_slot_is_acknowledged(tmp_path: Path) -> Non
 
 
 def test_incomplete_directory_kept_while_young(tmp_path: Path) -> None:
-    writing = _stage(tmp_path, None, change_batch_id(Lsn(0x100), Lsn(0x200)))
+    writing = _stage(tmp_path, None, change_batch_id(Lsn(0x100)))
     _age(writing, days=0.5)  # a drain wrote into it twelve hours ago: it may still be writing
     assert _prune(tmp_path, confirmed=0x1000) == []
     _age(writing, days=2)  # nothing written for two days: a failed run's leftover
