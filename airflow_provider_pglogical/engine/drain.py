@@ -53,9 +53,9 @@ from airflow_provider_pglogical.replication import (
     describe_slot,
 )
 from airflow_provider_pglogical.replication.connection import ConnParams, read_raw_text, stores_raw_text
+from airflow_provider_pglogical.replication.raw_messages import RawMessages
 from airflow_provider_pglogical.replication.transports import (
     PeekTransport,
-    RawMessages,
     ReadResult,
     StreamingTransport,
     plugin_options,

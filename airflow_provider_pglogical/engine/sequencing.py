@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from airflow_provider_pglogical.errors import SequencingError
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication.transports import RawMessages
+from airflow_provider_pglogical.replication.raw_messages import RawMessages
 
 log = logging.getLogger(__name__)
 

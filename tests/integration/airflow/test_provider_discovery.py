@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import airflow_provider_pglogical
+
 
 def airflow_cli(tmp_path: Path, *args: str) -> str:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
@@ -23,7 +25,7 @@ def airflow_cli(tmp_path: Path, *args: str) -> str:
 def test_airflow_lists_provider_and_connection_type(tmp_path: Path) -> None:
     providers = json.loads(airflow_cli(tmp_path, "providers", "list", "-o", "json"))
     ours = [p for p in providers if p["package_name"] == "airflow-provider-pglogical"]
-    assert ours and ours[0]["version"] == "0.1.0"
+    assert ours and ours[0]["version"] == airflow_provider_pglogical.__version__  # pyproject agrees
     hooks = json.loads(airflow_cli(tmp_path, "providers", "hooks", "-o", "json"))
     assert any(
         h["connection_type"] == "pglogical"

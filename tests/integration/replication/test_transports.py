@@ -9,9 +9,9 @@ import pytest
 from airflow_provider_pglogical.errors import SlotActiveError, TransportError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import connect, connect_replication, create_slot, describe_slot
+from airflow_provider_pglogical.replication.raw_messages import RawMessages
 from airflow_provider_pglogical.replication.transports import (
     PeekTransport,
-    RawMessages,
     ReadResult,
     StreamingTransport,
     plugin_options,

@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_pglogical.engine.sequencing import MemoryBudget, Piece, Sequencer
 from airflow_provider_pglogical.errors import SequencingError
 from airflow_provider_pglogical.pgoutput import BatchDecoder
-from airflow_provider_pglogical.replication.transports import RawMessages
+from airflow_provider_pglogical.replication.raw_messages import RawMessages
 
 from ..conftest import Capture
 

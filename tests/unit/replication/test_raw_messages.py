@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_pglogical.errors import TransportError
-from airflow_provider_pglogical.replication.transports import _framed_rows, _split_rows
+from airflow_provider_pglogical.replication.raw_messages import framed_rows, split_rows
 
 _HEAD = struct.Struct("!hiQiIi")
 
@@ -37,7 +37,7 @@ def test_rows_are_found_wherever_the_chunk_ends(seed: int) -> None:
     stream = b"".join(encoded) + b"\xff\xff"
     cut = rng.randint(0, len(stream))
     data = stream[:cut]
-    raw, rest, done = _split_rows(data, 0)
+    raw, rest, done = split_rows(data, 0)
     whole, position = 0, 0
     while whole < len(rows) and position + len(encoded[whole]) <= cut:
         position += len(encoded[whole])
@@ -53,7 +53,7 @@ def test_rows_are_found_wherever_the_chunk_ends(seed: int) -> None:
 def test_a_row_of_another_shape_is_refused() -> None:
     data = _row(1, 2, b"ok") + struct.pack("!h", 2) + bytes(30)
     with pytest.raises(TransportError, match="2 fields"):
-        _split_rows(data, 0)
+        split_rows(data, 0)
 
 
 _HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
@@ -69,7 +69,7 @@ def test_rows_one_per_message_are_indexed_from_the_message_sizes(seed: int) -> N
     messages = [_row(*row) for row in rows] + [b"\xff\xff"]
     messages[0] = _HEADER + messages[0]
     sizes = np.array([len(m) for m in messages], dtype=np.int64)
-    framed = _framed_rows(b"".join(messages) + bytes(16), sizes, len(_HEADER))
+    framed = framed_rows(b"".join(messages) + bytes(16), sizes, len(_HEADER))
     assert framed is not None
     raw, done = framed
     assert done
@@ -82,6 +82,6 @@ def test_messages_that_are_not_one_row_each_are_left_to_the_byte_search() -> Non
     stream = _row(1, 2, b"first") + _row(3, 4, b"second")
     for cut in (10, 29, len(_row(1, 2, b"first")) + 3):
         sizes = np.array([cut, len(stream) - cut], dtype=np.int64)
-        assert _framed_rows(stream + bytes(16), sizes, 0) is None
+        assert framed_rows(stream + bytes(16), sizes, 0) is None
     sizes = np.array([len(_row(1, 2, b"first")), len(_row(3, 4, b"second"))], dtype=np.int64)
-    assert _framed_rows(stream + bytes(16), sizes, 0) is not None
+    assert framed_rows(stream + bytes(16), sizes, 0) is not None
