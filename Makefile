@@ -60,7 +60,7 @@ soak: lake-jars
 		tests/integration/reliability/test_crash_soak.py -q
 
 demo: venv lake-jars
-	$(BIN)/python -m airflow_provider_pglogical.demo.run
+	$(BIN)/python -m airflow_provider_pglogical.demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from airflow_provider_pglogical.formats.lake import local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 
-DAGS = Path(__file__).resolve().parent.parent / "dags_examples"
+DAGS = Path(__file__).resolve().parents[2] / "dags_examples"  # the repository's, next to the package
 
 
 def say(message: str) -> None:
@@ -98,7 +97,3 @@ def main(argv: list[str] | None = None) -> int:
     equal = all(r.equal for r in results)
     say("all tables equal their source" if equal else "SOME TABLES DIFFER")
     return 0 if equal and cut is not None else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
