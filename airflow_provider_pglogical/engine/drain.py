@@ -51,6 +51,7 @@ from airflow_provider_pglogical.replication import (
     connect_replication,
     describe_publications,
     describe_slot,
+    hold_drain_lock,
 )
 from airflow_provider_pglogical.replication.connection import ConnParams, read_raw_text, stores_raw_text
 from airflow_provider_pglogical.replication.raw_messages import RawMessages
@@ -343,6 +344,7 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
     conn = connect(params)
     try:
         start = _check_slot(conn, settings)
+        hold_drain_lock(conn, settings.slot)
         batch_id = change_batch_id(start)
         batch_dir = location.batch_dir(settings.slot, batch_id)
         existing = _prepare_staging(location, settings.slot, batch_id)

@@ -23,6 +23,7 @@ from airflow_provider_pglogical.replication.slots import (
     create_slot_with_snapshot,
     describe_slot,
     drop_slot,
+    hold_drain_lock,
     list_slots,
     slot_lag_bytes,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "describe_slot",
     "drop_publication",
     "drop_slot",
+    "hold_drain_lock",
     "list_slots",
     "publish_tables",
     "slot_lag_bytes",

@@ -230,6 +230,33 @@ def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
     return Lsn.parse(end_lsn)
 
 
+_DRAIN_LOCK = "SELECT hashtextextended('airflow_provider_pglogical drain of ' || %s, 0)"
+
+
+def hold_drain_lock(conn: Any, name: str) -> None:
+    """Make ``conn`` the one drain of slot ``name`` until it closes, or raise ``SlotActiveError``.
+
+    The peek reads a temporary copy of the slot, so the slot itself no longer shows a drain as
+    its active consumer; this session-level advisory lock does, and the server releases it
+    when the connection ends, however it ends.
+    """
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT pg_try_advisory_lock(({_DRAIN_LOCK}))", (name,))
+        if cur.fetchone()[0]:
+            return
+        cur.execute(
+            "SELECT min(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            f"AND (classid::bigint << 32) | objid::bigint = ({_DRAIN_LOCK})",
+            (name,),
+        )
+        (pid,) = cur.fetchone()
+    raise SlotActiveError(
+        f"another drain is reading replication slot {name!r} (backend pid {pid}): one drain per slot at a "
+        "time; run the pipeline with max_active_runs=1, or wait for that drain to finish."
+    )
+
+
 def drop_slot(conn: Any, name: str, *, if_exists: bool = True) -> bool:
     """Drop a slot; returns whether one was dropped. An active slot raises ``SlotActiveError``."""
     validate_slot_name(name)

@@ -3,10 +3,14 @@
 Two transports deliver the same thing, runs of raw messages (:class:`RawMessages`) for the
 transactions a slot holds between its confirmed position and a bound:
 
-* :class:`PeekTransport` (the default) runs ``pg_logical_slot_peek_binary_changes`` inside
-  ``COPY … TO STDOUT (FORMAT binary)``. Peeking never consumes, and COPY hands the rows over
-  as one byte stream that is cut into bounded chunks, instead of a Python object per column
-  per row (a server-side cursor spent seconds on that alone).
+* :class:`PeekTransport` (the default) reads through the SQL interface inside
+  ``COPY … TO STDOUT (FORMAT binary)``: COPY hands the rows over as one byte stream that is cut
+  into bounded chunks, instead of a Python object per column per row (a server-side cursor
+  spent seconds on that alone). It reads a temporary copy of the slot in several
+  ``pg_logical_slot_get_binary_changes`` calls, so the server decodes the next run of
+  transactions while the client works on the last (:mod:`peek_calls`); the copy dies with the
+  session, and the real slot is never touched. Without a free replication slot, or when every
+  call would re-read a long backlog, it peeks the real slot in one call.
 * :class:`StreamingTransport` runs ``START_REPLICATION`` (protocol 2, ``streaming on`` for
   large transactions). psycopg2 confirms a keepalive's WAL end by itself whenever no data
   message is pending, and answers the server's reply requests with that position, so feedback
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import psycopg2
 import psycopg2.errors
 from psycopg2 import sql
@@ -46,11 +51,13 @@ from airflow_provider_pglogical.errors import (
     TransportError,
 )
 from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.replication import peek_calls
 from airflow_provider_pglogical.replication.connection import (
     connection_lost_detail,
     is_connection_loss,
     missing_replication,
 )
+from airflow_provider_pglogical.replication.peek_calls import PeekCalls, worth_splitting
 from airflow_provider_pglogical.replication.publications import publication_names_option
 from airflow_provider_pglogical.replication.raw_messages import (
     PADDING,
@@ -117,16 +124,21 @@ def _translate(exc: psycopg2.Error, slot: str, role: str | None = None) -> BaseE
     return translated
 
 
+_Chunks = queue.Queue[tuple[bytes, npt.NDArray[np.int64]] | BaseException | None]
+
+
 class _ChunkWriter:
     """The file object COPY writes into: hands the stream over in chunks of about ``chunk_bytes``.
 
     psycopg2 calls ``write`` once per CopyData message and PostgreSQL sends every row of a binary
     COPY in a message of its own (the file header rides with the first row, the trailer comes
-    alone), so a chunk is kept as the list of messages: their lengths tell the reader where each
-    row starts (:func:`raw_messages.framed_rows`) without searching the bytes for row headers.
+    alone), so a chunk goes with its message sizes: they tell the reader where each row starts
+    (:func:`raw_messages.framed_rows`) without searching the bytes for row headers. The chunk is
+    joined here, on the copy thread, which otherwise waits for the server; the padding after it
+    spares the decoder a copy.
     """
 
-    def __init__(self, chunks: queue.Queue[list[bytes] | BaseException | None], chunk_bytes: int) -> None:
+    def __init__(self, chunks: _Chunks, chunk_bytes: int) -> None:
         self._chunks = chunks
         self._chunk_bytes = chunk_bytes
         self._parts: list[bytes] = []
@@ -141,16 +153,34 @@ class _ChunkWriter:
 
     def flush(self) -> None:
         if self._parts:
-            self._chunks.put(self._parts)
+            parts = self._parts
+            sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+            parts.append(PADDING)
             self._parts, self._size = [], 0
+            self._chunks.put((b"".join(parts), sizes))
 
 
 class PeekTransport:
-    """Non-consuming reads through ``pg_logical_slot_peek_binary_changes`` (see module docstring)."""
+    """Non-consuming reads through the SQL interface (see module docstring).
 
-    def __init__(self, conn: Any, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    :param split: read a temporary copy of the slot in several calls (:mod:`peek_calls`);
+        ``False`` peeks the slot itself in one call.
+    :param first_call: messages the first of those calls asks for (default
+        :data:`peek_calls.FIRST_CALL_MESSAGES`).
+    """
+
+    def __init__(
+        self,
+        conn: Any,
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        split: bool = True,
+        first_call: int | None = None,
+    ) -> None:
         self.conn = conn
         self.chunk_bytes = chunk_bytes
+        self.split = split
+        self.first_call = first_call
 
     def read(
         self,
@@ -166,21 +196,14 @@ class PeekTransport:
         ``max_messages`` ends the read at the first transaction boundary at or past that many
         messages (the server's ``upto_nchanges``); ``result.truncated`` then says so.
         """
-        flat = [sql.Literal(item) for pair in options for item in pair]
-        query = sql.SQL(
-            "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes({}, {}::pg_lsn, {}, {})) "
-            "TO STDOUT (FORMAT binary)"
-        ).format(
-            sql.Literal(slot), sql.Literal(str(upto_lsn)), sql.Literal(max_messages), sql.SQL(", ").join(flat)
-        )
-        chunks: queue.Queue[list[bytes] | BaseException | None] = queue.Queue(maxsize=2)
+        chunks: _Chunks = queue.Queue(maxsize=2)
         writer = _ChunkWriter(chunks, self.chunk_bytes)
+        stop = threading.Event()
 
         def copy() -> None:
             try:
                 with self.conn.cursor() as cur:
-                    cur.copy_expert(query, writer)
-                writer.flush()
+                    self._copy(cur, slot, options, upto_lsn, max_messages, writer, stop)
                 chunks.put(None)
             except BaseException as exc:  # handed to the reading thread, which raises it
                 chunks.put(exc)
@@ -191,6 +214,7 @@ class PeekTransport:
             yield from self._parse(chunks, result, slot)
         finally:
             if thread.is_alive():  # the consumer stopped early: cancel the COPY, unblock the writer
+                stop.set()
                 self.conn.cancel()
             while thread.is_alive():
                 with contextlib.suppress(queue.Empty):
@@ -199,9 +223,60 @@ class PeekTransport:
         if max_messages is not None and result.messages >= max_messages:
             result.truncated = True
 
-    def _parse(
-        self, chunks: queue.Queue[list[bytes] | BaseException | None], result: ReadResult, slot: str
-    ) -> Iterator[RawMessages]:
+    def _copy(
+        self, cur: Any, slot: str, options: Sequence[tuple[str, str]], upto_lsn: Lsn,
+        max_messages: int | None, writer: _ChunkWriter, stop: threading.Event,
+    ) -> None:  # fmt: skip
+        """Run the COPY calls of the window on the copy thread, each one's stream into ``writer``."""
+        copy_name, start = self._make_copy(cur, slot, upto_lsn) if self.split else (None, None)
+        if copy_name is None or start is None:
+            cur.copy_expert(_peek_query("peek", slot, upto_lsn, max_messages, options), writer)
+            writer.flush()
+            return
+        try:
+            first = self.first_call or peek_calls.FIRST_CALL_MESSAGES
+            calls = PeekCalls(start, upto_lsn, max_messages, first)
+            limit: int | None = calls.first_limit()
+            while limit is not None and not stop.is_set():
+                cur.copy_expert(_peek_query("get", copy_name, upto_lsn, limit, options), writer)
+                writer.flush()
+                returned = cur.rowcount
+                cur.execute(
+                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                    (copy_name,),
+                )
+                limit = calls.next_limit(returned, limit, Lsn.parse(cur.fetchone()[0]))
+            log.debug("peeked %s in %d calls on a temporary copy", slot, calls.calls)
+        finally:
+            with contextlib.suppress(psycopg2.Error):
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (copy_name,))
+
+    def _make_copy(self, cur: Any, slot: str, upto_lsn: Lsn) -> tuple[str | None, Lsn | None]:
+        """A temporary copy of ``slot`` to read in several calls, and where it starts; no copy when
+        one call is better or possible only (the plain peek then reports a missing or busy slot)."""
+        cur.execute(
+            "SELECT active, restart_lsn::text, confirmed_flush_lsn::text FROM pg_replication_slots "
+            "WHERE slot_name = %s AND database = current_database()",
+            (slot,),
+        )
+        row = cur.fetchone()
+        if row is None or row[0] or row[1] is None or row[2] is None:
+            return None, None
+        restart, start = Lsn.parse(row[1]), Lsn.parse(row[2])
+        if not worth_splitting(restart, start, upto_lsn):
+            return None, None
+        copy_name = f"{slot[:40]}_peek_{self.conn.get_backend_pid()}"
+        try:
+            cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s, true)", (slot, copy_name))
+        except psycopg2.errors.ConfigurationLimitExceeded as exc:
+            log.info("peeking %s in one call: no replication slot is free for a copy (%s)", slot, exc)
+            if not self.conn.autocommit:
+                self.conn.rollback()
+            return None, None
+        return copy_name, start
+
+    def _parse(self, chunks: _Chunks, result: ReadResult, slot: str) -> Iterator[RawMessages]:
+        """Cut the COPY streams of the calls, one after the other, into runs of messages."""
         tail = b""
         header_seen = False
         framed = True  # one row per message so far (see _ChunkWriter)
@@ -212,11 +287,12 @@ class PeekTransport:
                     _translate(item, slot, self.conn.info.user) if isinstance(item, psycopg2.Error) else item
                 )
             if item is None:
-                if tail:
+                if tail or header_seen:
                     raise TransportError(f"COPY stream ended inside a row ({len(tail)} bytes left)")
                 return
-            sizes = np.fromiter(map(len, item), dtype=np.int64, count=len(item))
-            data = b"".join([tail, *item, PADDING])  # the padding spares the decoder a copy
+            data, sizes = item
+            if tail:
+                data = tail + data
             end = len(data) - len(PADDING)
             pos = 0
             if not header_seen:
@@ -233,8 +309,25 @@ class PeekTransport:
                 result.messages += len(batch)
                 result.bytes += int(batch.lengths.sum())
                 yield batch
-            if done:
-                return
+            if done:  # this call's stream is over; the next call's (if any) starts with its header
+                header_seen = False
+                tail = b""
+
+
+def _peek_query(
+    function: str, slot: str, upto_lsn: Lsn, upto_nchanges: int | None, options: Sequence[tuple[str, str]]
+) -> sql.Composed:
+    """``COPY`` of ``pg_logical_slot_<function>_binary_changes`` over the window, in binary."""
+    flat = [sql.Literal(item) for pair in options for item in pair]
+    return sql.SQL(
+        "COPY (SELECT lsn, xid, data FROM {}({}, {}::pg_lsn, {}, {})) TO STDOUT (FORMAT binary)"
+    ).format(
+        sql.Identifier(f"pg_logical_slot_{function}_binary_changes"),
+        sql.Literal(slot),
+        sql.Literal(str(upto_lsn)),
+        sql.Literal(upto_nchanges or None),
+        sql.SQL(", ").join(flat),
+    )
 
 
 class StreamingTransport:
