@@ -482,7 +482,7 @@ def drain_cut(env: Env) -> Outcome:
         lambda: terminated.extend(
             env.pg.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state = 'active' "
-                "AND query LIKE '%pg_logical_slot_peek_binary_changes%' AND pid <> pg_backend_pid()"
+                "AND query LIKE '%pg_logical_slot_%_binary_changes%' AND pid <> pg_backend_pid()"
             )
         )
     )

@@ -113,7 +113,7 @@ def _drain_with_fault(settings: DrainSettings, dsn: str, action: Callable[[], No
 def _terminate_reader(pg: PostgresCluster) -> None:
     rows = pg.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND "
-        "(backend_type = 'walsender' OR query LIKE '%pg_logical_slot_peek_binary_changes%')"
+        "(backend_type = 'walsender' OR query LIKE '%pg_logical_slot_%_binary_changes%')"
     )
     assert rows == [(True,)], rows
 
