@@ -5,11 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pglogical.engine.drain import (
-    DrainResult,
     DrainSettings,
     StagingNotWritableError,
     drain_batch,
@@ -24,23 +22,13 @@ from airflow_provider_pglogical.replication import (
     describe_slot,
 )
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.drain.staged import staged_tables
 
 SCHEMA = """
 CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10, 2), at timestamptz, doc jsonb);
 CREATE TABLE unpublished (id int);
 CREATE PUBLICATION pub FOR TABLE items;
 """
-
-
-def _staged(result: DrainResult) -> dict[str, pa.Table]:
-    """Every staged table of a batch, its relation versions concatenated, in change order."""
-    root = Path(result.batch_uri.removeprefix("file://"))
-    tables = {}
-    for entry in result.manifest.tables:
-        parts = [pq.read_table(root / f) for f in entry.files]
-        table = pa.concat_tables(parts, promote_options="default")
-        tables[entry.qualified] = table.sort_by([("_pgl_commit_lsn", "ascending"), ("_pgl_seq", "ascending")])
-    return tables
 
 
 @pytest.fixture
@@ -83,8 +71,8 @@ def test_both_transports_stage_identical_batches_without_moving_the_slot(
     peek, stream = results["peek"], results["stream"]
     assert peek.manifest.end_lsn == stream.manifest.end_lsn > before
     assert peek.manifest.stats.transactions == stream.manifest.stats.transactions == 5
-    staged = _staged(peek)["public.items"]
-    assert staged.equals(_staged(stream)["public.items"])
+    staged = staged_tables(peek)["public.items"]
+    assert staged.equals(staged_tables(stream)["public.items"])
     ops = staged.column("_pgl_op").to_pylist()
     assert ops.count("I") == 2001 and ops.count("U") == 285 + 1 and ops.count("D") == 10
     key_change = staged.filter(pa.compute.equal(staged.column("id"), 10005)).to_pylist()[0]
@@ -107,7 +95,7 @@ def test_retry_reuses_a_complete_batch_and_redoes_a_half_written_one(
     _workload(cluster, db)
     settings = DrainSettings("cdc", ("pub",), str(tmp_path))
     first = drain_batch(cluster.dsn(db), settings)
-    first_rows = _staged(first)["public.items"].num_rows
+    first_rows = staged_tables(first)["public.items"].num_rows
     cluster.execute("INSERT INTO items VALUES (4000, 'later')", db)
     again = drain_batch(cluster.dsn(db), settings)
     assert again.reused and again.manifest == first.manifest  # the same window: the slot has not moved
@@ -116,7 +104,7 @@ def test_retry_reuses_a_complete_batch_and_redoes_a_half_written_one(
     redone = drain_batch(cluster.dsn(db), settings)
     assert not redone.reused and redone.manifest.start_lsn == first.manifest.start_lsn
     assert redone.manifest.end_lsn > first.manifest.end_lsn  # a fresh bound, now with the later row
-    assert _staged(redone)["public.items"].num_rows == first_rows + 1
+    assert staged_tables(redone)["public.items"].num_rows == first_rows + 1
 
 
 def test_an_empty_batch_ending_where_it_started_is_redone_not_reused(
@@ -138,7 +126,7 @@ def test_an_empty_batch_ending_where_it_started_is_redone_not_reused(
         after = drain_batch(cluster.dsn(db), settings)
         assert not after.reused and after.manifest.start_lsn == idle.manifest.start_lsn
         assert after.manifest.end_lsn > after.manifest.start_lsn
-        assert _staged(after)["public.items"].column("id").to_pylist() == [4001]
+        assert staged_tables(after)["public.items"].column("id").to_pylist() == [4001]
     finally:
         conn.close()
 
@@ -154,7 +142,7 @@ def test_message_limit_ends_on_a_commit_and_consecutive_batches_meet(
     batches = 0
     while True:
         result = drain_batch(cluster.dsn(db), DrainSettings("cdc", ("pub",), str(tmp_path), max_messages=250))
-        staged = _staged(result)
+        staged = staged_tables(result)
         if not staged:
             break
         batches += 1
@@ -216,7 +204,7 @@ def test_transactions_spanning_chunks_decode_the_same(
     )
     assert pieces.manifest.end_lsn == whole.manifest.end_lsn
     assert pieces.manifest.stats.transactions == whole.manifest.stats.transactions == 5
-    assert _staged(pieces)["public.items"].equals(_staged(whole)["public.items"])
+    assert staged_tables(pieces)["public.items"].equals(staged_tables(whole)["public.items"])
 
 
 def test_streamed_in_progress_transaction_interleaved_with_others(tmp_path: Path) -> None:
@@ -244,7 +232,10 @@ def test_streamed_in_progress_transaction_interleaved_with_others(tmp_path: Path
             }.items()
         }
         conn.close()
-    ids = {name: _staged(result)["public.items"].column("id").to_pylist() for name, result in results.items()}
+    ids = {
+        name: staged_tables(result)["public.items"].column("id").to_pylist()
+        for name, result in results.items()
+    }
     assert (
         ids["stream"] == ids["peek"] == [-1, *range(1, 4001), -2]
     )  # commit order; the aborted savepoint left no trace

@@ -42,7 +42,7 @@ from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.replication import connect, describe_slot
+from airflow_provider_pglogical.replication import connect, describe_slot, peek_calls
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import AirflowSandbox
@@ -53,6 +53,8 @@ from tests.integration.fidelity.workload import Transaction
 SLOT = "soak"
 CRASHES = ["drain_kill", "apply_kill", "dag_kill", "ack_lost", "apply_twice", "resnapshot_race"]
 TRANSPORTS: list[Transport] = ["peek", "stream"]  # each drain picks one: SQL peek, or protocol 2 streaming
+# The peek's first call, drawn per drain: small ones split even a soak batch into several calls.
+FIRST_PEEK_CALLS = [20, 200, peek_calls.FIRST_CALL_MESSAGES]
 CDC_DAG = "pglogical_cdc_microbatch"
 CHANGE_KEY = ("_pgl_commit_lsn", "_pgl_seq")
 
@@ -60,7 +62,9 @@ CHANGE_KEY = ("_pgl_commit_lsn", "_pgl_seq")
 DRAIN_SCRIPT = """
 import json, sys
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_pglogical.replication import peek_calls
 args = json.loads(sys.argv[1])
+peek_calls.FIRST_CALL_MESSAGES = args["first_call"]
 settings = DrainSettings(
     args["slot"], (args["publication"],), args["staging"], transport=args["transport"], chunk_bytes=4096
 )
@@ -163,14 +167,21 @@ class SoakPipeline:
         transport = self.rng.choice(TRANSPORTS)
         settings = DrainSettings(SLOT, (self.publication,), str(self.staging), transport=transport)
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                result = drain_batch(self.dsn, settings)
-                break
-            except SlotActiveError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        default_first, peek_calls.FIRST_CALL_MESSAGES = (
+            peek_calls.FIRST_CALL_MESSAGES,
+            self.rng.choice(FIRST_PEEK_CALLS),
+        )
+        try:
+            while True:
+                try:
+                    result = drain_batch(self.dsn, settings)
+                    break
+                except SlotActiveError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        finally:
+            peek_calls.FIRST_CALL_MESSAGES = default_first
         if not result.reused:
             self.changes += result.manifest.stats.changes
         return result.manifest, result.manifest_uri
@@ -226,7 +237,7 @@ class SoakPipeline:
         """SIGKILL the drain after its first staged part file, or after a random delay."""
         args = {
             "dsn": self.dsn, "slot": SLOT, "publication": self.publication, "staging": str(self.staging),
-            "transport": self.rng.choice(TRANSPORTS),
+            "transport": self.rng.choice(TRANSPORTS), "first_call": self.rng.choice(FIRST_PEEK_CALLS),
         }  # fmt: skip
         wait_for_part = self.rng.random() < 0.5
         delay = self.rng.uniform(0.05, 1.0)

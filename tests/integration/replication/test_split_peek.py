@@ -10,11 +10,9 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.errors import SlotActiveError
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import (
@@ -27,6 +25,7 @@ from airflow_provider_pglogical.replication import (
 )
 from airflow_provider_pglogical.replication.transports import PeekTransport, ReadResult, plugin_options
 from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.drain.staged import staged_tables
 
 Message = tuple[int, bytes]
 
@@ -112,6 +111,33 @@ def test_split_read_is_the_one_peek_read(
     conn.close()
 
 
+def test_a_transaction_open_across_calls_and_spilled_reads_the_same(
+    source: tuple[PostgresCluster, str],
+) -> None:
+    cluster, db = source
+    long = connect(cluster.dsn(db), autocommit=False)
+    with long.cursor() as cur:
+        cur.execute("INSERT INTO a SELECT g, repeat('l', 200) || g FROM generate_series(100000, 104999) g")
+        cur.execute("SAVEPOINT sp; INSERT INTO a VALUES (-5, 'rolled back'); ROLLBACK TO SAVEPOINT sp")
+    for i in range(30):  # small transactions commit while the long one is open, so calls end inside it
+        cluster.execute(f"INSERT INTO a VALUES ({i}, 's{i}')", db)
+    with long.cursor() as cur:
+        cur.execute("UPDATE a SET v = 'by the long one' WHERE id < 30")
+    long.commit()
+    long.close()
+    cluster.execute("INSERT INTO a VALUES (31, 'after')", db)
+    bound = _bound(cluster, db)
+    conn = connect(cluster.dsn(db))
+    with conn.cursor() as cur:  # the long transaction is spilled to disk in every call that decodes it
+        cur.execute("SET logical_decoding_work_mem = '64kB'")
+    whole = _read(conn, bound, split=False)
+    split = _read(conn, bound, first_call=5)
+    assert _without_relations(split) == _without_relations(whole)
+    kinds = [m[1][:1] for m in whole]
+    assert kinds.count(b"I") == 5000 + 30 + 1 and kinds.count(b"U") == 30
+    conn.close()
+
+
 @pytest.mark.parametrize("max_messages", [1, 37, 250, 900])
 def test_split_read_stops_at_a_commit_at_or_past_max_messages(
     source: tuple[PostgresCluster, str], max_messages: int
@@ -188,16 +214,6 @@ def test_a_consumer_that_stops_early_leaves_no_copy_behind(source: tuple[Postgre
     conn.close()
 
 
-def _staged(result: DrainResult) -> dict[str, pa.Table]:
-    root = Path(result.batch_uri.removeprefix("file://"))
-    return {
-        entry.qualified: pa.concat_tables(
-            [pq.read_table(root / f) for f in entry.files], promote_options="default"
-        ).sort_by([("_pgl_commit_lsn", "ascending"), ("_pgl_seq", "ascending")])
-        for entry in result.manifest.tables
-    }
-
-
 def test_the_drain_stages_the_same_batch_split_or_not(
     source: tuple[PostgresCluster, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,7 +231,7 @@ def test_the_drain_stages_the_same_batch_split_or_not(
         one.manifest.end_lsn,
     )
     assert split.manifest.stats.changes == one.manifest.stats.changes > 1000
-    assert _staged(split) == _staged(one)
+    assert staged_tables(split) == staged_tables(one)
 
 
 def test_two_drains_of_one_slot_at_once_are_refused(
