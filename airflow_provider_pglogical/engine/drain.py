@@ -13,7 +13,8 @@ Its end LSN is where the slot may be advanced once the batch is applied:
 Staging is ``<staging>/<slot>/batch-<start LSN hex16>/`` (tables, then ``_manifest.json``
 last). The start LSN names the batch because the slot cannot have moved while the batch is
 unapplied, so a retry of the same drain finds its own complete batch and reuses it; a
-directory without a manifest is a half-written attempt and is deleted and redone.
+directory without a manifest is a half-written attempt and is deleted and redone. One drain
+per slot at a time: the drain's connection holds a lock on the slot's name while it runs.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ class DrainSettings:
     :param publications: publication names passed to pgoutput.
     :param staging: staging root (local path, ``file://``, ``s3://``, ``gs://``, ``hdfs://``).
     :param transport: ``"peek"`` (SQL interface, the default: several times faster for
-        batches) or ``"stream"`` (``START_REPLICATION`` protocol 2 with ``streaming on``).
+        batches; it reads a temporary copy of the slot in a few calls, see
+        ``replication/peek_calls.py``) or ``"stream"`` (``START_REPLICATION`` protocol 2 with
+        ``streaming on``).
     :param max_messages: stop at the first commit after this many pgoutput messages.
     :param max_bytes: bound the WAL window read to this many bytes after the start.
     :param max_memory_bytes: the drain's memory budget, whatever the transaction sizes (default
