@@ -322,7 +322,7 @@ def _peek_query(
     return sql.SQL(
         "COPY (SELECT lsn, xid, data FROM {}({}, {}::pg_lsn, {}, {})) TO STDOUT (FORMAT binary)"
     ).format(
-        sql.Identifier(f"pg_logical_slot_{function}_binary_changes"),
+        sql.Identifier("pg_catalog", f"pg_logical_slot_{function}_binary_changes"),
         sql.Literal(slot),
         sql.Literal(str(upto_lsn)),
         sql.Literal(upto_nchanges or None),
