@@ -66,6 +66,7 @@ from airflow_provider_pglogical.replication.raw_messages import (
     framed_rows,
     split_rows,
 )
+from airflow_provider_pglogical.replication.slots import describe_slot
 
 log = logging.getLogger(__name__)
 
@@ -241,11 +242,8 @@ class PeekTransport:
                 cur.copy_expert(_peek_query("get", copy_name, upto_lsn, limit, options), writer)
                 writer.flush()
                 returned = cur.rowcount
-                cur.execute(
-                    "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                    (copy_name,),
-                )
-                limit = calls.next_limit(returned, limit, Lsn.parse(cur.fetchone()[0]))
+                reached = describe_slot(self.conn, copy_name).confirmed_flush_lsn
+                limit = calls.next_limit(returned, limit, reached or start)
             log.debug("peeked %s in %d calls on a temporary copy", slot, calls.calls)
         finally:
             with contextlib.suppress(psycopg2.Error):
@@ -253,17 +251,13 @@ class PeekTransport:
 
     def _make_copy(self, cur: Any, slot: str, upto_lsn: Lsn) -> tuple[str | None, Lsn | None]:
         """A temporary copy of ``slot`` to read in several calls, and where it starts; no copy when
-        one call is better or possible only (the plain peek then reports a missing or busy slot)."""
-        cur.execute(
-            "SELECT active, restart_lsn::text, confirmed_flush_lsn::text FROM pg_replication_slots "
-            "WHERE slot_name = %s AND database = current_database()",
-            (slot,),
-        )
-        row = cur.fetchone()
-        if row is None or row[0] or row[1] is None or row[2] is None:
+        one call is better or possible only (the plain peek then reports a busy slot, or one of
+        another database)."""
+        info = describe_slot(self.conn, slot)
+        restart, start = info.restart_lsn, info.confirmed_flush_lsn
+        if info.active or info.database != self.conn.get_dsn_parameters().get("dbname"):
             return None, None
-        restart, start = Lsn.parse(row[1]), Lsn.parse(row[2])
-        if not worth_splitting(restart, start, upto_lsn):
+        if restart is None or start is None or not worth_splitting(restart, start, upto_lsn):
             return None, None
         copy_name = f"{slot[:40]}_peek_{self.conn.get_backend_pid()}"
         try:
