@@ -465,8 +465,10 @@ class _OnFirstPiece(logging.Handler):
 
 
 def drain_cut(env: Env) -> Outcome:
-    """Terminate the backend sending the peek's COPY once the drain staged its first piece: the
-    ~25 MB window is far more than the socket buffers and the pieces in flight hold."""
+    """Terminate the drain's backend (the holder of its slot lock, which runs the peek's calls)
+    once the drain staged its first piece: the ~25 MB window is far more than the socket buffers
+    and the pieces in flight hold, so the read is not over. Whether that backend is sending a call
+    or has handed one to the socket buffers, the drain's next read from it fails."""
     env.sql("CREATE TABLE big (id int PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE big;")
     env.slot("cdc")
     for first in range(1, 250_000, 25_000):  # pieces are staged per committed transaction
@@ -481,8 +483,7 @@ def drain_cut(env: Env) -> Outcome:
     handler = _OnFirstPiece(
         lambda: terminated.extend(
             env.pg.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE state = 'active' "
-                "AND query LIKE '%pg_logical_slot_%_binary_changes%' AND pid <> pg_backend_pid()"
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted"
             )
         )
     )

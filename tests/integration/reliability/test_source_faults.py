@@ -110,11 +110,15 @@ def _drain_with_fault(settings: DrainSettings, dsn: str, action: Callable[[], No
     return failure.value, handler.changes_then[0]
 
 
-def _terminate_reader(pg: PostgresCluster) -> None:
-    rows = pg.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND "
-        "(backend_type = 'walsender' OR query LIKE '%pg_logical_slot_%_binary_changes%')"
+def _terminate_reader(pg: PostgresCluster, transport: str) -> None:
+    """The stream's walsender, or the peek's backend: the holder of the drain's slot lock, which
+    runs the peek's calls (between two calls it is idle, and its next read still fails)."""
+    reader = (
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender'"
+        if transport == "stream"
+        else "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
     )
+    rows = pg.execute(f"SELECT pg_terminate_backend(pid) FROM ({reader}) AS reader")
     assert rows == [(True,)], rows
 
 
@@ -149,7 +153,7 @@ def test_drain_cut_by_the_source_fails_clearly_and_a_retry_converges(
 
     def cut() -> None:
         if fault == "terminate":
-            _terminate_reader(cluster)
+            _terminate_reader(cluster, transport)
         else:
             cluster.restart(fault)
 
