@@ -27,6 +27,14 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-name": "Iceberg lake (pglogical)",
             },
         ],
+        # The lake's tables and the pipelines' cuts as Assets (formats/assets.py defines the URIs).
+        "asset-uris": [
+            {
+                "schemes": ["iceberg", "pglogical"],
+                "handler": "airflow_provider_pglogical.assets.sanitize_uri",
+                "to_openlineage_converter": "airflow_provider_pglogical.assets.convert_asset_to_openlineage",
+            }
+        ],
         "hook-class-names": [
             "airflow_provider_pglogical.hooks.pglogical.PgLogicalHook",
             "airflow_provider_pglogical.hooks.lake.PgLogicalLakeHook",
