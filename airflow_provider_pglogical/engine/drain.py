@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from airflow_provider_pglogical.engine.catalog_facts import record_catalog_facts
@@ -140,6 +141,7 @@ class DrainResult:
             "tables": {t.qualified: t.rows for t in self.manifest.tables},
             "reused": self.reused,
             "seconds": self.manifest.stats.seconds,
+            "newest_commit_time": self.manifest.stats.newest_commit_time,
         }
 
 
@@ -268,6 +270,7 @@ class _Progress:
         self.started = self.last = self.last_read = time.monotonic()
         self.changes = 0
         self.transactions = 0
+        self.newest_commit: datetime | None = None  # commit order: the last staged transaction's
 
     def reading(self, result: ReadResult, lsn: Lsn, sequencer: Sequencer) -> None:
         now = time.monotonic()
@@ -281,6 +284,8 @@ class _Progress:
     def update(self, decoded: DecodedBatch, transactions: int) -> None:
         self.changes += decoded.changes
         self.transactions += transactions
+        if len(decoded.transactions):
+            self.newest_commit = decoded.transactions.column("commit_time")[-1].as_py()
         now = time.monotonic()
         if now - self.last >= self.interval:
             self.last = now
@@ -386,6 +391,7 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
                 transactions=result.extra.get("transactions", 0),
                 bytes=result.bytes,
                 seconds=round(time.monotonic() - started, 3),
+                newest_commit_time=result.extra.get("newest_commit_time"),
             ),
         )
         try:
@@ -512,5 +518,7 @@ def _read_and_stage(
             sequencer.spilled_bytes,
         )
     result.extra["transactions"] = sequencer.commits
+    if progress.newest_commit is not None:
+        result.extra["newest_commit_time"] = progress.newest_commit.isoformat()
     result.extra["spilled_bytes"] = sequencer.spilled_bytes
     return result, sequencer.last_end

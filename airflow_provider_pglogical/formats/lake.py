@@ -37,6 +37,17 @@ APPLIED_END_LSN = "pgl.applied-end-lsn"
 # The source columns (name, type OID, typmod) of the relation version the commit applied last
 # (schema_changes.encode_columns): the next batch's schema changes are classified against it.
 SOURCE_COLUMNS = "pgl.source-columns"
+# What a commit applied, for Asset events, metrics and the pglogical view: the batch's changes by
+# kind (INSERTED holds a snapshot load's rows), when the job began the table's step (epoch ms; the
+# snapshot's own timestamp ends it) and the commit time of the batch's newest transaction.
+INSERTED = "pgl.inserted"
+UPDATED = "pgl.updated"
+DELETED = "pgl.deleted"
+TRUNCATED = "pgl.truncated"
+STARTED_MS = "pgl.started-ms"
+NEWEST_COMMIT_TIME = "pgl.newest-commit-time"
+CHANGE_KEYS = {"I": INSERTED, "U": UPDATED, "D": DELETED, "T": TRUNCATED}
+"""Staged operation code (FORMATS.md ``_pgl_op``) -> the summary key counting it."""
 # Table property naming the slot whose pipeline owns the table (the tables a cut is taken over).
 OWNER_PROPERTY = "pglogical.slot"
 CHANGELOG_SUFFIX = "__pgl_changelog"
@@ -182,6 +193,25 @@ def commit_summary(
         BASE_LSN: str(base_lsn),
         APPLIED_END_LSN: str(applied_end_lsn),
     }
+
+
+def applied_summary(
+    counts: Mapping[str, int], started_ms: int, newest_commit_time: str | None
+) -> dict[str, str]:
+    """The summary properties saying what a commit applied: ``counts`` by staged operation code."""
+    summary = {key: str(int(counts.get(op, 0))) for op, key in CHANGE_KEYS.items()}
+    summary[STARTED_MS] = str(int(started_ms))
+    if newest_commit_time:
+        summary[NEWEST_COMMIT_TIME] = newest_commit_time
+    return summary
+
+
+def summary_int(summary: Mapping[str, str], key: str) -> int | None:
+    """An integer summary property, None when absent or not a number (older commits lack the new keys)."""
+    try:
+        return int(summary[key])
+    except (KeyError, ValueError):
+        return None
 
 
 def is_pipeline_commit(summary: Mapping[str, str]) -> bool:

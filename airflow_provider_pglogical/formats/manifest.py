@@ -154,12 +154,17 @@ class TableManifest:
 
 @dataclass(frozen=True, slots=True)
 class ManifestStats:
-    """Totals of a batch (``changes``/``transactions`` are 0 for a snapshot, which has rows instead)."""
+    """Totals of a batch (``changes``/``transactions`` are 0 for a snapshot, which has rows instead).
+
+    ``newest_commit_time`` is the commit time of the batch's last transaction (ISO 8601, UTC), the
+    start of its end-to-end latency; ``None`` for a snapshot or a batch with no transaction.
+    """
 
     changes: int = 0
     transactions: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    newest_commit_time: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -167,15 +172,18 @@ class ManifestStats:
             "transactions": self.transactions,
             "bytes": self.bytes,
             "seconds": self.seconds,
+            "newest_commit_time": self.newest_commit_time,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ManifestStats:
+        newest = data.get("newest_commit_time")
         return cls(
             changes=int(data.get("changes", 0)),
             transactions=int(data.get("transactions", 0)),
             bytes=int(data.get("bytes", 0)),
             seconds=float(data.get("seconds", 0.0)),
+            newest_commit_time=None if newest is None else str(newest),
         )
 
 

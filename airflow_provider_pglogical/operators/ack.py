@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_provider_pglogical.engine.lake_catalog import unapplied_tables
+from airflow_provider_pglogical import metrics
+from airflow_provider_pglogical.assets import CUTS_ALIAS, alias, cut_asset
+from airflow_provider_pglogical.engine.lake_catalog import Cut, unapplied_tables
+from airflow_provider_pglogical.engine.lake_events import batch_cut, cut_event_extra, latency_seconds
 from airflow_provider_pglogical.engine.staging import read_manifest
-from airflow_provider_pglogical.errors import BatchNotAppliedError, ManifestSlotMismatchError
+from airflow_provider_pglogical.errors import BatchNotAppliedError, ManifestSlotMismatchError, PgLogicalError
+from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 
@@ -26,6 +32,9 @@ class PgLogicalAckOperator(BaseOperator):
         ``{{ ti.xcom_pull(task_ids='drain')['manifest'] }}`` (templated).
     :param lake_conn_id: the lake's ``pglogical_lake`` connection (templated).
     :param pglogical_conn_id: Airflow connection of the source database (templated).
+    :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which the
+        pipeline's cut Asset (``assets.cut_asset(catalog, slot)``) gets one event per acknowledged
+        batch that changed tables: its LSN, tag, and every table's snapshot at the cut.
     """
 
     template_fields: Sequence[str] = ("pglogical_conn_id", "slot_name", "manifest", "lake_conn_id")
@@ -38,13 +47,17 @@ class PgLogicalAckOperator(BaseOperator):
         manifest: str,
         lake_conn_id: str = PgLogicalLakeHook.default_conn_name,
         pglogical_conn_id: str = PgLogicalHook.default_conn_name,
+        asset_alias: str = CUTS_ALIAS,
         **kwargs: Any,
     ) -> None:
+        # The slot and the lake may be templates: the cut Asset is named at run time, through an alias.
+        kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
         super().__init__(**kwargs)
         self.slot_name = slot_name
         self.manifest = manifest
         self.lake_conn_id = lake_conn_id
         self.pglogical_conn_id = pglogical_conn_id
+        self.asset_alias = asset_alias
 
     def execute(self, context: Context) -> dict[str, Any]:
         manifest = read_manifest(self.manifest)
@@ -53,15 +66,56 @@ class PgLogicalAckOperator(BaseOperator):
                 f"manifest {self.manifest} belongs to slot {manifest.slot!r}, not {self.slot_name!r}: "
                 "pass the manifest drained from this slot"
             )
-        missing = unapplied_tables(self._get_lake_hook().get_conn(), manifest)
+        lake = self._get_lake_hook().get_conn()
+        missing = unapplied_tables(lake, manifest)
         if missing:
             raise BatchNotAppliedError(
                 f"batch {manifest.batch_id} is not applied to the lake for {', '.join(missing)}: "
                 "the slot stays where it is. Run (or re-run) the apply task for this manifest first."
             )
-        position = self._get_hook().advance_slot(self.slot_name, manifest.end_lsn)
+        # Read before the slot moves: nothing after the advance may fail the ack.
+        cut = batch_cut(lake, manifest) if manifest.tables else None
+        hook = self._get_hook()
+        position = hook.advance_slot(self.slot_name, manifest.end_lsn)
+        acked_at = datetime.now(UTC)
         self.log.info("slot %s acknowledged up to %s (batch %s)", self.slot_name, position, manifest.batch_id)
+        lag_bytes = self._lag_bytes(hook)
+        metrics.slot_lag(self.slot_name, lag_bytes, None)
+        latency = latency_seconds(manifest.stats.newest_commit_time, acked_at)
+        if latency is not None and manifest.tables:
+            metrics.timing(metrics.BATCH_LATENCY, latency, slot=self.slot_name)
+        if cut is not None and position == manifest.end_lsn:
+            self._emit_cut(context, lake, manifest, cut, acked_at, lag_bytes)
         return {"slot": self.slot_name, "batch_id": manifest.batch_id, "confirmed_flush_lsn": str(position)}
+
+    def _emit_cut(
+        self,
+        context: Context,
+        lake: LakeConfig,
+        manifest: Manifest,
+        cut: Cut,
+        acked_at: datetime,
+        lag: int | None,
+    ) -> None:
+        """The cut event, while the slot stands at this batch's end: a retry of an ack whose first
+        attempt moved the slot and then died still tells the consumers; a batch already followed
+        by a later ack does not (its cut is no longer the newest)."""
+        extra = cut_event_extra(manifest, cut, lake.catalog, acked_at=acked_at, lag_bytes=lag)
+        context["outlet_events"][alias(self.asset_alias)].add(cut_asset(lake, self.slot_name), extra=extra)
+        self.log.info(
+            "cut %s at %s: Asset event on %s", cut.tag, cut.lsn, cut_asset(lake, self.slot_name).uri
+        )
+
+    def _lag_bytes(self, hook: PgLogicalHook) -> int | None:
+        """The slot's lag right after the ack, for the metric and the event (None if it cannot be read)."""
+        try:
+            return hook.slot_health(self.slot_name).lag_bytes
+        except (PgLogicalError, OSError) as exc:
+            self.log.warning("could not measure slot %s after the ack: %s", self.slot_name, exc)
+            return None
+        except Exception as exc:  # psycopg2 errors: the slot has moved, the ack stands
+            self.log.warning("could not measure slot %s after the ack: %s", self.slot_name, exc)
+            return None
 
     def _get_hook(self) -> PgLogicalHook:
         return PgLogicalHook(self.pglogical_conn_id)

@@ -10,8 +10,13 @@ from typing import Any
 
 from airflow.sdk import Context
 
+from airflow_provider_pglogical import metrics
+from airflow_provider_pglogical.assets import TABLES_ALIAS, alias, table_asset
+from airflow_provider_pglogical.engine.lake_events import batch_writes, table_event_extra
 from airflow_provider_pglogical.engine.staging import read_manifest
+from airflow_provider_pglogical.errors import LakeCatalogError
 from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH
 
@@ -28,6 +33,9 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
     :param write_mode: row-level write mode of tables the job creates: ``merge-on-read`` (default:
         docs/LAKE.md says why) or ``copy-on-write``.
     :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
+    :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
+        one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
+        cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
     """
 
     template_fields: Sequence[str] = (*LakeSparkJobOperator.template_fields, "manifest", "tables")
@@ -39,12 +47,16 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
         tables: Sequence[str] | None = None,
         write_mode: str = "merge-on-read",
         name: str = "pglogical-apply",
+        asset_alias: str = TABLES_ALIAS,
         **kwargs: Any,
     ) -> None:
+        # Which tables a batch writes is known only once it is drained: the events go through an alias.
+        kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
         super().__init__(application=APPLY_JOB_PATH, name=name, **kwargs)
         self.manifest = manifest
         self.tables = tables
         self.write_mode = write_mode
+        self.asset_alias = asset_alias
 
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         args = ["--manifest", str(self.manifest), "--write-mode", self.write_mode]
@@ -57,3 +69,23 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
             self.log.info("batch %s holds no changes; nothing to apply", manifest.batch_id)
             return
         super().execute(context)
+        self._emit_table_events(context, manifest)
+
+    def _emit_table_events(self, context: Context, manifest: Manifest) -> None:
+        """One Asset event per lake table holding a commit of this batch (also after a re-run that
+        found them applied: events count only once a task succeeds), and its apply time as a metric."""
+        lake = self._get_lake_hook().get_conn()
+        try:
+            writes = batch_writes(lake, manifest)
+        except LakeCatalogError as exc:  # a Spark-only catalog: the lake holds the batch all the same
+            self.log.warning("no Asset events for batch %s: %s", manifest.batch_id, exc)
+            return
+        events = context["outlet_events"][alias(self.asset_alias)]
+        for write in writes:
+            events.add(table_asset(lake, write.schema, write.table), extra=table_event_extra(manifest, write))
+            if write.apply_seconds is not None:
+                qualified = f"{write.schema}.{write.table}"
+                metrics.timing(
+                    metrics.APPLY_SECONDS, write.apply_seconds, slot=manifest.slot, table=qualified
+                )
+        self.log.info("batch %s: Asset events for %d lake table(s)", manifest.batch_id, len(writes))

@@ -21,7 +21,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ from airflow_provider_pglogical.spark import multiset
 from airflow_provider_pglogical.spark.changes import (
     COMMIT_LSN,
     EVENT_KIND,
+    OP,
     ROW_KEY,
     UNFILLED,
     UPSERT,
@@ -127,13 +128,22 @@ class ApplyJob:
         self.base_dir = base_dir(manifest_path)
 
     def summary(
-        self, base_lsn: Lsn, applied_end_lsn: Lsn, source_columns: str | None = None
+        self,
+        base_lsn: Lsn,
+        applied_end_lsn: Lsn,
+        source_columns: str | None = None,
+        *,
+        started: float,
+        counts: Mapping[str, int] | None = None,
     ) -> dict[str, str]:
+        """The commit's summary: the batch and LSNs, and what it applied (``counts`` by staged
+        operation, from ``started``, an epoch time)."""
         m = self.manifest
         summary = lake.commit_summary(
             slot=m.slot, kind=m.kind, batch_id=m.batch_id, start_lsn=m.start_lsn, end_lsn=m.end_lsn,
             base_lsn=base_lsn, applied_end_lsn=applied_end_lsn,
         )  # fmt: skip
+        summary.update(lake.applied_summary(counts or {}, int(started * 1000), m.stats.newest_commit_time))
         if source_columns is not None:
             summary[lake.SOURCE_COLUMNS] = source_columns
         return summary
@@ -153,7 +163,7 @@ class ApplyJob:
         ran while the CDC kept applying), their changes from the consistent point on are replayed
         from the changelog on top of the snapshot, so the table ends where it was.
         """
-        started = time.monotonic()
+        started, begun = time.monotonic(), time.time()
         identifier = self.tables.config.identifier(spec.schema, spec.table)
         table = self.tables.java_table(identifier)
         previous = self.tables.state(table)
@@ -175,7 +185,8 @@ class ApplyJob:
         if previous is not None and previous.applied_end_lsn > point:
             rows, replayed = self._catch_up(spec, rows, previous.applied_end_lsn)
             applied_end, source_columns = previous.applied_end_lsn, previous.source_columns
-        summary = self.summary(point, applied_end, source_columns)
+        # A load's rows are in Iceberg's own summary (added-records, deleted-records).
+        summary = self.summary(point, applied_end, source_columns, started=begun)
         keys = key_columns(spec, [c.name for c in _table_columns(rows)])
         rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
         if table is None:
@@ -237,7 +248,7 @@ class ApplyJob:
         and are skipped: a snapshot at consistent point S holds exactly the transactions whose
         commit record starts below S.
         """
-        started = time.monotonic()
+        started, begun = time.monotonic(), time.time()
         identifier = self.tables.config.identifier(spec.schema, spec.table)
         table = self.tables.java_table(identifier)
         state = self.tables.state(table)
@@ -249,18 +260,20 @@ class ApplyJob:
         staged = self._live_changes(spec, base)
         if staged is None:
             if table is not None:
-                self.tables.record(table, self.summary(base, end, steps.source_columns), _snapshot_id(table))
+                summary = self.summary(base, end, steps.source_columns, started=begun)
+                self.tables.record(table, summary, _snapshot_id(table))
             return TableResult(spec.qualified, "applied")
         staged = steps.fill_staged(staged, self.spark)
         changes = staged.where(sf.col(COMMIT_LSN) >= int(base)).localCheckpoint()
-        count = changes.count()
+        counts = {str(row[0]): int(row[1]) for row in changes.groupBy(OP).count().collect()}
+        count = sum(counts.values())
         columns = _table_columns(changes)
         if table is None:
             log.warning(
                 "table %s has no snapshot load in the lake: creating it empty from this batch", spec.qualified
             )
             empty = self.spark.createDataFrame([], StructType(columns))
-            self.tables.create(identifier, empty, self.summary(ZERO, ZERO), self.manifest.slot)
+            self.tables.create(identifier, empty, self.summary(ZERO, ZERO, started=begun), self.manifest.slot)
             table = self.tables.java_table(identifier)
         read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
         lake_columns = self.tables.schema(identifier).fieldNames()
@@ -286,7 +299,7 @@ class ApplyJob:
             rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
             bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
             sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
-        summary = self.summary(base, end, steps.source_columns)
+        summary = self.summary(base, end, steps.source_columns, started=begun, counts=counts)
         if sql is not None:
             self.tables.merge(sql, summary)
         if read_snapshot is not None:
@@ -336,7 +349,7 @@ class ApplyJob:
         if table is not None and lake.batch_committed(self.tables.history(table), m.slot, m.batch_id):
             return
         rows = changes.withColumn(BATCH_ID_COLUMN, sf.lit(m.batch_id))
-        self.tables.append(changelog, rows, self.summary(ZERO, m.end_lsn))
+        self.tables.append(changelog, rows, self.summary(ZERO, m.end_lsn, started=time.time()))
 
     # ----------------------------------------------------------------------------------- run
 
