@@ -113,22 +113,32 @@ class AirflowServices:
     runs (no DAG-level callbacks either); ``triggerer=True`` adds a triggerer for deferrable
     tasks. LocalExecutor works with the sandbox's SQLite database in 3.3.2.
 
-    The scheduler runs with ``[scheduler] use_job_schedule = False``: it starts queued runs
-    (backfill and cleared runs) but creates no scheduled ones, although the DAGs must be
-    unpaused for their runs to start. The API server listens on a free loopback port, with the
-    simple auth manager's all-admins mode so it can be polled without a token. Each component
-    is its own process group, terminated (then killed) on ``stop()``, on leaving the ``with``
-    block and at interpreter exit; their output is kept in ``log_dir``.
+    The scheduler runs with ``[scheduler] use_job_schedule = False`` unless ``job_schedule=True``:
+    it starts queued runs (backfill, cleared and triggered runs) but creates no scheduled ones,
+    Asset-triggered runs included, although the DAGs must be unpaused for their runs to start.
+    With ``job_schedule=True`` it creates them too, for the unpaused DAGs. The API server listens
+    on a free loopback port, with the simple auth manager's all-admins mode so it can be polled
+    without a token. Each component is its own process group, terminated (then killed) on
+    ``stop()``, on leaving the ``with`` block and at interpreter exit; their output is kept in
+    ``log_dir``.
     """
 
     STARTUP_TIMEOUT = 180.0
     STOP_GRACE = 15.0
     API_STOP_GRACE = 1.5
 
-    def __init__(self, sandbox: AirflowSandbox, *, triggerer: bool = False, parallelism: int = 2) -> None:
+    def __init__(
+        self,
+        sandbox: AirflowSandbox,
+        *,
+        triggerer: bool = False,
+        parallelism: int = 2,
+        job_schedule: bool = False,
+    ) -> None:
         self.sandbox = sandbox
         self.triggerer = triggerer
         self.parallelism = parallelism
+        self.job_schedule = job_schedule
         self.port = 0
         self.log_dir: Path | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -168,7 +178,7 @@ class AirflowServices:
             ),
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__API_AUTH__JWT_SECRET=self._jwt_secret,
-            AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
+            AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE=str(self.job_schedule),
         )
         return env
 
@@ -400,6 +410,45 @@ class AirflowServices:
 
         runs = self._wait(dag_id, cleared, started + timeout)
         return self._result(dag_id, runs, started)
+
+    def trigger(
+        self, dag_id: str, conf: Mapping[str, object] | None = None, *, timeout: float = 600
+    ) -> SchedulerResult:
+        """Trigger a run now (as the UI's trigger button does) and wait until it finished."""
+        started = time.monotonic()
+        self.set_paused(dag_id, False)
+        created = self.api(
+            "POST",
+            f"/dags/{_quote_path_segment(dag_id)}/dagRuns",
+            {"logical_date": None, "conf": dict(conf or {})},
+        )
+        run_id = str(created["dag_run_id"])
+        runs = self._wait(dag_id, lambda: [self.dag_run(dag_id, run_id)], started + timeout)
+        return self._result(dag_id, runs, started)
+
+    def wait_for_runs(self, dag_id: str, count: int = 1, *, timeout: float = 600) -> SchedulerResult:
+        """Wait until the scheduler created ``count`` runs of a DAG by itself and all have finished
+        (runs by schedule or by Asset events: the DAG must be unpaused first)."""
+        started = time.monotonic()
+
+        def created() -> list[DagRunRecord]:
+            runs = self.dag_runs(dag_id)
+            if len(runs) < count:
+                return [DagRunRecord(dag_id, "(not yet created)", None, "none", "", None, None, None, {})]
+            return runs
+
+        runs = self._wait(dag_id, created, started + timeout)
+        return self._result(dag_id, runs, started)
+
+    def asset_events(self, **filters: str | int) -> list[dict[str, Any]]:
+        """Asset events as the REST API lists them (``source_dag_id=``, ``asset_id=``, ...), oldest first."""
+        events: list[dict[str, Any]] = []
+        while True:
+            query: dict[str, str | int] = {"order_by": "id", "limit": 100, "offset": len(events)}
+            page = self.api("GET", "/assets/events", query={**filters, **query})
+            events += page["asset_events"]
+            if not page["asset_events"] or len(events) >= page["total_entries"]:
+                return events
 
     def _find_run(self, dag_id: str, run: str | datetime) -> DagRunRecord:
         if isinstance(run, str):
