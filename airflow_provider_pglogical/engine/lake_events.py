@@ -16,6 +16,7 @@ from typing import Any
 from airflow_provider_pglogical.engine.lake_catalog import Cut, cut_at, load_table, open_catalog
 from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest
 
 # Iceberg's own snapshot summary: rows a load wrote and removed.
@@ -160,3 +161,14 @@ def cut_event_extra(
         "drain_seconds": manifest.stats.seconds,
         "lag_bytes": lag_bytes,
     }
+
+
+def cut_from_event(extra: Mapping[str, Any]) -> Cut:
+    """The :class:`Cut` a cut event names, for :func:`~.lake_catalog.read_table` (``cut=``): every
+    table at the snapshot it had at the event's LSN. The lake namespace holds no raw dot (it is
+    encoded), so the first dot of a ``tables`` key ends it."""
+    try:
+        tables = {tuple(name.split(".", 1)): int(sid) for name, sid in dict(extra["tables"]).items()}
+        return Cut(Lsn.parse(str(extra["lsn"])), str(extra["tag"]), tables)  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a pglogical cut event (tables, lsn, tag): {exc}") from exc

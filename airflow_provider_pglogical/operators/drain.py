@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_provider_pglogical import metrics
 from airflow_provider_pglogical.engine.drain import DrainSettings, Transport, drain_batch
 from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
@@ -80,6 +81,9 @@ class PgLogicalDrainOperator(BaseOperator):
             spill_dir=self.spill_dir or None,
         )
         result = drain_batch(self._get_hook().connection_params(), settings)
+        if not result.reused:  # a retry that found its batch staged drained nothing now
+            metrics.gauge(metrics.BATCH_CHANGES, result.manifest.stats.changes, slot=self.slot_name)
+            metrics.timing(metrics.DRAIN_SECONDS, result.manifest.stats.seconds, slot=self.slot_name)
         return result.summary()
 
     def _get_hook(self) -> PgLogicalHook:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_provider_pglogical import metrics
 from airflow_provider_pglogical.engine.health import (
     LagThresholds,
     Outcome,
@@ -158,6 +159,7 @@ class PgLogicalSlotLagSensor(BaseSensorOperator):
             decision = SlotLagDecision(Outcome.SLOT_MISSING, str(exc))
         else:
             self._last_health = health
+            metrics.slot_lag(self.slot_name, health.lag_bytes, _seconds(health.lag_age))
             decision = decide(
                 health,
                 self._thresholds(),

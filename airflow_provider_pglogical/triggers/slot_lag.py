@@ -10,6 +10,7 @@ from typing import Any
 import psycopg2
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_provider_pglogical import metrics
 from airflow_provider_pglogical.engine.health import (
     LagThresholds,
     Outcome,
@@ -98,6 +99,8 @@ class PgLogicalSlotLagTrigger(BaseTrigger):
             health = await assess_slot_async(params, self.slot_name, self.publications, previous=previous)
         except SlotNotFoundError as exc:
             return SlotLagDecision(Outcome.SLOT_MISSING, str(exc)), None
+        lag_age = None if health.lag_age is None else health.lag_age.total_seconds()
+        metrics.slot_lag(self.slot_name, health.lag_bytes, lag_age)
         return decide(
             health,
             thresholds,
