@@ -5,8 +5,10 @@
    exported snapshot, copy, Spark load);
 3. three times: commits a round of mixed changes, then runs the ``pglogical_cdc_microbatch``
    DAG (lag sensor, drain, Spark apply, ack);
-4. prints, per table, the source's and the lake's row counts and whether their contents are equal
-   (read through pyiceberg, no Spark), and the lake's latest consistent cut (LSN and tag).
+4. prints the Asset events the runs left in Airflow's metadata database (one per lake table
+   written, one per acknowledged cut), then, per table, the source's and the lake's row counts
+   and whether their contents are equal (read through pyiceberg, no Spark), and the lake's latest
+   consistent cut (LSN and tag).
 
 Everything lands in ``demo-output/`` (staging, the lake's warehouse and SQLite catalog, Airflow
 home), which is kept for a look with Spark, pyiceberg or DuckDB (README, "Reading the lake").
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 
@@ -32,6 +35,16 @@ DAGS = Path(__file__).resolve().parents[2] / "dags_examples"  # the repository's
 
 def say(message: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def asset_events(airflow_home: Path) -> list[tuple[str, int]]:
+    """(Asset URI, number of events) from the sandbox's metadata database (SQLite)."""
+    with sqlite3.connect(airflow_home / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT a.uri, count(*) FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+            "GROUP BY a.uri ORDER BY 1"
+        ).fetchall()
+    return [(str(uri), int(count)) for uri, count in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
                 "shop",
             )[0]
             say(f"  batch applied and acknowledged in {result.seconds:.0f} s; slot lag now {lag} bytes")
+        events = asset_events(root / "airflow")
+        say(f"Asset events in Airflow's metadata database: {sum(n for _, n in events)}")
+        for uri, count in events:
+            say(f"  {count:3d}  {uri}")
         say("comparing every table with its source (pyiceberg)")
         results = compare_tables(pg.dsn("shop"), [PUBLICATION], lake)
     print()
@@ -96,4 +113,5 @@ def main(argv: list[str] | None = None) -> int:
     )
     equal = all(r.equal for r in results)
     say("all tables equal their source" if equal else "SOME TABLES DIFFER")
-    return 0 if equal and cut is not None else 1
+    cut_events = [n for uri, n in events if uri.startswith("pglogical://")]
+    return 0 if equal and cut is not None and cut_events else 1
