@@ -167,8 +167,11 @@ def cut_from_event(extra: Mapping[str, Any]) -> Cut:
     """The :class:`Cut` a cut event names, for :func:`~.lake_catalog.read_table` (``cut=``): every
     table at the snapshot it had at the event's LSN. The lake namespace holds no raw dot (it is
     encoded), so the first dot of a ``tables`` key ends it."""
+    named = extra.get("tables")
+    if not isinstance(named, Mapping) or not named:
+        raise ValueError(f"not a pglogical cut event (tables, lsn, tag): no tables in {sorted(extra)}")
     try:
-        tables = {tuple(name.split(".", 1)): int(sid) for name, sid in dict(extra["tables"]).items()}
+        tables = {tuple(name.split(".", 1)): int(sid) for name, sid in named.items()}
         return Cut(Lsn.parse(str(extra["lsn"])), str(extra["tag"]), tables)  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a pglogical cut event (tables, lsn, tag): {exc}") from exc
