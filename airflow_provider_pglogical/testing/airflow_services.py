@@ -444,7 +444,7 @@ class AirflowServices:
         """Asset events as the REST API lists them (``source_dag_id=``, ``asset_id=``, ...), oldest first."""
         events: list[dict[str, Any]] = []
         while True:
-            query: dict[str, str | int] = {"order_by": "id", "limit": 100, "offset": len(events)}
+            query: dict[str, str | int] = {"order_by": "timestamp", "limit": 100, "offset": len(events)}
             page = self.api("GET", "/assets/events", query={**filters, **query})
             events += page["asset_events"]
             if not page["asset_events"] or len(events) >= page["total_entries"]:
