@@ -151,14 +151,16 @@ class AirflowSandbox:
         result = self.airflow(*args, timeout=timeout)
         return DagRunResult(dag_id, result.returncode, result.stdout, time.monotonic() - started)
 
-    def services(self, *, triggerer: bool = False, parallelism: int = 2) -> AirflowServices:
+    def services(
+        self, *, triggerer: bool = False, parallelism: int = 2, job_schedule: bool = False
+    ) -> AirflowServices:
         """The scheduler and API server for this home, not yet started; use it as a context manager.
 
         Starting them once and calling :meth:`AirflowServices.backfill` and
         :meth:`AirflowServices.rerun` on the same instance saves their start-up (several
         seconds each) when a test needs both.
         """
-        return AirflowServices(self, triggerer=triggerer, parallelism=parallelism)
+        return AirflowServices(self, triggerer=triggerer, parallelism=parallelism, job_schedule=job_schedule)
 
     def backfill(
         self,

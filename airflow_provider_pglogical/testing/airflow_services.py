@@ -113,21 +113,32 @@ class AirflowServices:
     runs (no DAG-level callbacks either); ``triggerer=True`` adds a triggerer for deferrable
     tasks. LocalExecutor works with the sandbox's SQLite database in 3.3.2.
 
-    The scheduler runs with ``[scheduler] use_job_schedule = False``: it starts queued runs
-    (backfill and cleared runs) but creates no scheduled ones, although the DAGs must be
-    unpaused for their runs to start. The API server listens on a free loopback port, with the
-    simple auth manager's all-admins mode so it can be polled without a token. Each component
-    is its own process group, terminated (then killed) on ``stop()``, on leaving the ``with``
-    block and at interpreter exit; their output is kept in ``log_dir``.
+    The scheduler runs with ``[scheduler] use_job_schedule = False`` unless ``job_schedule=True``:
+    it then starts queued runs (backfill and cleared runs) but creates no scheduled ones, and no
+    asset-triggered ones either (Airflow creates both in the same step), although the DAGs must
+    be unpaused for their runs to start. A DAG scheduled on an asset with an ``AssetWatcher``
+    needs ``job_schedule=True``, ``triggerer=True`` and :meth:`watch`. The API server listens
+    on a free loopback port, with the simple auth manager's all-admins mode so it can be polled
+    without a token. Each component is its own process group, terminated (then killed) on
+    ``stop()``, on leaving the ``with`` block and at interpreter exit; their output is kept in
+    ``log_dir``.
     """
 
     STARTUP_TIMEOUT = 180.0
     STOP_GRACE = 15.0
     API_STOP_GRACE = 1.5
 
-    def __init__(self, sandbox: AirflowSandbox, *, triggerer: bool = False, parallelism: int = 2) -> None:
+    def __init__(
+        self,
+        sandbox: AirflowSandbox,
+        *,
+        triggerer: bool = False,
+        parallelism: int = 2,
+        job_schedule: bool = False,
+    ) -> None:
         self.sandbox = sandbox
         self.triggerer = triggerer
+        self.job_schedule = job_schedule
         self.parallelism = parallelism
         self.port = 0
         self.log_dir: Path | None = None
@@ -168,7 +179,7 @@ class AirflowServices:
             ),
             AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="True",
             AIRFLOW__API_AUTH__JWT_SECRET=self._jwt_secret,
-            AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
+            AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE=str(self.job_schedule),
         )
         return env
 
@@ -196,7 +207,7 @@ class AirflowServices:
                 if self.triggerer:
                     self._spawn("triggerer", "triggerer", "--skip-serve-logs")
                 if attempt == 1:  # while the components start up; they need no DAG to do so
-                    self._check_cli(self.airflow("dags", "reserialize"), "airflow dags reserialize")
+                    self.reserialize()
                 try:
                     self._wait_for_api()
                     return
@@ -207,6 +218,10 @@ class AirflowServices:
         except BaseException:
             self.stop()
             raise
+
+    def reserialize(self) -> None:
+        """``airflow dags reserialize``: parse the DAG folder, write its DAGs and assets to the database."""
+        self._check_cli(self.airflow("dags", "reserialize"), "airflow dags reserialize")
 
     def _spawn(self, name: str, *args: str) -> None:
         assert self.log_dir is not None
@@ -305,6 +320,18 @@ class AirflowServices:
                 raise
             errors = self.airflow("dags", "list-import-errors").stdout[-4000:]
             raise RuntimeError(f"DAG {dag_id!r} is not in the sandbox's DAG folder:\n{errors}") from exc
+
+    def watch(self, *dag_ids: str) -> None:
+        """Unpause asset-scheduled DAGs and serialize the DAG folder again, so their watchers run.
+
+        Airflow registers an asset's ``AssetWatcher`` triggers when it writes the DAGs, and only for
+        assets that an unpaused DAG is scheduled on; a DAG processor would do so on its next
+        parse, here :meth:`reserialize` does at once. The triggerer picks the new trigger rows up
+        within about a second.
+        """
+        for dag_id in dag_ids:
+            self.set_paused(dag_id, False)
+        self.reserialize()
 
     def dag_runs(self, dag_id: str, **filters: str | int) -> list[DagRunRecord]:
         """The DAG's runs matching the REST API's list filters, in logical-date order (all pages)."""
