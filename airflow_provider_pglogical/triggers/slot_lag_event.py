@@ -13,6 +13,13 @@ never-ending poll loop safe to schedule on: one acknowledged slot position fires
 (:func:`fires`). A CDC run only moves the slot's ``confirmed_flush_lsn`` when its ack succeeds, so
 while a run is queued or running, or after it failed, the watcher stays quiet however far the lag
 grows; the next event comes once an ack has moved the slot and the lag crosses the threshold again.
+
+The last announced position is kept in memory only. A watcher created again (a triggerer
+restart, a move to another triggerer) may announce that position once more: one extra run,
+which finds the batch already applied or drains what came since. Persisting it (Airflow's
+asset state store) would trade that for a worse failure: stored before the event reached the
+database and the triggerer then dying, the event would be lost, and since only a run's ack moves
+the slot, no run would ever come for that backlog.
 """
 
 from __future__ import annotations
