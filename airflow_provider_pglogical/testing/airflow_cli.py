@@ -158,7 +158,8 @@ class AirflowSandbox:
 
         Starting them once and calling :meth:`AirflowServices.backfill` and
         :meth:`AirflowServices.rerun` on the same instance saves their start-up (several
-        seconds each) when a test needs both.
+        seconds each) when a test needs both. ``job_schedule=True`` lets the scheduler create
+        runs by schedule: Asset-triggered ones among them.
         """
         return AirflowServices(self, triggerer=triggerer, parallelism=parallelism, job_schedule=job_schedule)
 

@@ -114,10 +114,9 @@ class AirflowServices:
     tasks. LocalExecutor works with the sandbox's SQLite database in 3.3.2.
 
     The scheduler runs with ``[scheduler] use_job_schedule = False`` unless ``job_schedule=True``:
-    it then starts queued runs (backfill and cleared runs) but creates no scheduled ones, and no
-    asset-triggered ones either (Airflow creates both in the same step), although the DAGs must
-    be unpaused for their runs to start. A DAG scheduled on an asset with an ``AssetWatcher``
-    needs ``job_schedule=True``, ``triggerer=True`` and :meth:`watch`. The API server listens
+    it starts queued runs (backfill, cleared and triggered runs) but creates no scheduled ones,
+    Asset-triggered runs included, although the DAGs must be unpaused for their runs to start.
+    With ``job_schedule=True`` it creates them too, for the unpaused DAGs. The API server listens
     on a free loopback port, with the simple auth manager's all-admins mode so it can be polled
     without a token. Each component is its own process group, terminated (then killed) on
     ``stop()``, on leaving the ``with`` block and at interpreter exit; their output is kept in
@@ -327,7 +326,8 @@ class AirflowServices:
         Airflow registers an asset's ``AssetWatcher`` triggers when it writes the DAGs, and only for
         assets that an unpaused DAG is scheduled on; a DAG processor would do so on its next
         parse, here :meth:`reserialize` does at once. The triggerer picks the new trigger rows up
-        within about a second.
+        within about a second. Runs from the watchers' events need ``triggerer=True`` and
+        ``job_schedule=True``.
         """
         for dag_id in dag_ids:
             self.set_paused(dag_id, False)
