@@ -5,11 +5,14 @@ the watcher checks the slot every second; the CDC DAG must not start while the l
 ``min_lag_bytes``, must start by itself once writes push it past, drain, apply and ack, after
 which the lake equals the source and the watcher is quiet again (the slot is caught up).
 The watcher's one-event-per-position rule and the missing-slot failure are covered more cheaply
-in ``tests/integration/airflow/test_asset_watcher.py``.
+in ``tests/integration/airflow/test_asset_watcher.py``, which ``make test`` runs; this one costs
+about 100 s (a snapshot load and a CDC apply in ``spark-submit``, a scheduler and a triggerer)
+and runs only with ``PGLOGICAL_ON_LAG_E2E=1`` (``make e2e-on-lag``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -25,7 +28,15 @@ DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 DAG_ID = "pglogical_cdc_on_lag"
 SLOT = "shop_on_lag"
 THRESHOLD = 4 << 20  # several shop rounds: one round stays under it
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.spark,
+    pytest.mark.airflow,
+    pytest.mark.skipif(
+        os.environ.get("PGLOGICAL_ON_LAG_E2E") != "1",
+        reason="about 100 s; run with PGLOGICAL_ON_LAG_E2E=1 (make e2e-on-lag)",
+    ),
+]
 
 
 def lag_and_position(pg: PostgresCluster, dbname: str) -> tuple[int, str]:
