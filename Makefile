@@ -17,7 +17,7 @@ ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.j
 export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars lint test test-fast soak demo clean
+.PHONY: venv lake-jars lint test test-fast soak e2e-on-lag demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,11 @@ ROUNDS ?= 3
 soak: lake-jars
 	PGLOGICAL_SOAK_SEEDS=$(SEEDS) PGLOGICAL_SOAK_ROUNDS=$(ROUNDS) $(BIN)/python -m pytest \
 		tests/integration/reliability/test_crash_soak.py -q
+
+# The example DAG pglogical_cdc_on_lag started by its AssetWatcher, end to end (about 100 s; not in
+# `make test`, whose tests/integration/airflow/test_asset_watcher.py covers the watcher itself).
+e2e-on-lag: lake-jars
+	PGLOGICAL_ON_LAG_E2E=1 $(BIN)/python -m pytest tests/integration/e2e/test_cdc_on_lag.py -q
 
 demo: venv lake-jars
 	$(BIN)/python -m airflow_provider_pglogical.demo

@@ -61,7 +61,10 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": "PostgreSQL logical replication",
-                "python-modules": ["airflow_provider_pglogical.triggers.slot_lag"],
+                "python-modules": [
+                    "airflow_provider_pglogical.triggers.slot_lag",
+                    "airflow_provider_pglogical.triggers.slot_lag_event",
+                ],
             }
         ],
     }

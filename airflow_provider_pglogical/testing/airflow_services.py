@@ -137,6 +137,7 @@ class AirflowServices:
     ) -> None:
         self.sandbox = sandbox
         self.triggerer = triggerer
+        self.job_schedule = job_schedule
         self.parallelism = parallelism
         self.job_schedule = job_schedule
         self.port = 0
@@ -206,7 +207,7 @@ class AirflowServices:
                 if self.triggerer:
                     self._spawn("triggerer", "triggerer", "--skip-serve-logs")
                 if attempt == 1:  # while the components start up; they need no DAG to do so
-                    self._check_cli(self.airflow("dags", "reserialize"), "airflow dags reserialize")
+                    self.reserialize()
                 try:
                     self._wait_for_api()
                     return
@@ -217,6 +218,10 @@ class AirflowServices:
         except BaseException:
             self.stop()
             raise
+
+    def reserialize(self) -> None:
+        """``airflow dags reserialize``: parse the DAG folder, write its DAGs and assets to the database."""
+        self._check_cli(self.airflow("dags", "reserialize"), "airflow dags reserialize")
 
     def _spawn(self, name: str, *args: str) -> None:
         assert self.log_dir is not None
@@ -315,6 +320,19 @@ class AirflowServices:
                 raise
             errors = self.airflow("dags", "list-import-errors").stdout[-4000:]
             raise RuntimeError(f"DAG {dag_id!r} is not in the sandbox's DAG folder:\n{errors}") from exc
+
+    def watch(self, *dag_ids: str) -> None:
+        """Unpause asset-scheduled DAGs and serialize the DAG folder again, so their watchers run.
+
+        Airflow registers an asset's ``AssetWatcher`` triggers when it writes the DAGs, and only for
+        assets that an unpaused DAG is scheduled on; a DAG processor would do so on its next
+        parse, here :meth:`reserialize` does at once. The triggerer picks the new trigger rows up
+        within about a second. Runs from the watchers' events need ``triggerer=True`` and
+        ``job_schedule=True``.
+        """
+        for dag_id in dag_ids:
+            self.set_paused(dag_id, False)
+        self.reserialize()
 
     def dag_runs(self, dag_id: str, **filters: str | int) -> list[DagRunRecord]:
         """The DAG's runs matching the REST API's list filters, in logical-date order (all pages)."""

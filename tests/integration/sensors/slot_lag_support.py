@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,3 +91,37 @@ def make_published_slot(
     )
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", connection_uri(cluster, dbname))
     return PublishedSlot(cluster, dbname, conn_id)
+
+
+class Heartbeat:
+    """Measures the event loop's longest stall: a blocking call in a coroutine shows up here.
+
+    The clock starts on entering, not on the first beat, so a call that blocks before the
+    heartbeat task ever runs is counted too; the gap up to leaving is counted as well.
+    """
+
+    def __init__(self, period: float = 0.01) -> None:
+        self.period = period
+        self.worst = 0.0
+        self._last = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self.worst = max(self.worst, now - self._last - self.period)
+        self._last = now
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            self._tick()
+
+    def __enter__(self) -> Heartbeat:
+        self._last = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._beat())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self._tick()

@@ -17,43 +17,9 @@ from airflow_provider_pglogical.errors import SlotNotFoundError
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
 from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
 from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
-from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
+from tests.integration.sensors.slot_lag_support import PASSWORD, Heartbeat, PublishedSlot
 
 pytestmark = pytest.mark.integration
-
-
-class Heartbeat:
-    """Measures the event loop's longest stall: a blocking call in a coroutine shows up here.
-
-    The clock starts on entering, not on the first beat, so a call that blocks before the
-    heartbeat task ever runs is counted too; the gap up to leaving is counted as well.
-    """
-
-    def __init__(self, period: float = 0.01) -> None:
-        self.period = period
-        self.worst = 0.0
-        self._last = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    def _tick(self) -> None:
-        now = time.monotonic()
-        self.worst = max(self.worst, now - self._last - self.period)
-        self._last = now
-
-    async def _beat(self) -> None:
-        while True:
-            await asyncio.sleep(self.period)
-            self._tick()
-
-    def __enter__(self) -> Heartbeat:
-        self._last = time.monotonic()
-        self._task = asyncio.get_running_loop().create_task(self._beat())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        self._tick()
 
 
 async def first_event(trigger: PgLogicalSlotLagTrigger, timeout: float = 60) -> TriggerEvent:
