@@ -116,7 +116,8 @@ class AirflowServices:
     The scheduler runs with ``[scheduler] use_job_schedule = False`` unless ``job_schedule=True``:
     it starts queued runs (backfill, cleared and triggered runs) but creates no scheduled ones,
     Asset-triggered runs included, although the DAGs must be unpaused for their runs to start.
-    With ``job_schedule=True`` it creates them too, for the unpaused DAGs. The API server listens
+    With ``job_schedule=True`` it creates them too, for the unpaused DAGs; a DAG scheduled on an
+    Asset with an ``AssetWatcher`` also needs ``triggerer=True`` and :meth:`watch`. The API server listens
     on a free loopback port, with the simple auth manager's all-admins mode so it can be polled
     without a token. Each component is its own process group, terminated (then killed) on
     ``stop()``, on leaving the ``with`` block and at interpreter exit; their output is kept in
@@ -137,7 +138,6 @@ class AirflowServices:
     ) -> None:
         self.sandbox = sandbox
         self.triggerer = triggerer
-        self.job_schedule = job_schedule
         self.parallelism = parallelism
         self.job_schedule = job_schedule
         self.port = 0
