@@ -15,16 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pyarrow as pa
 import pytest
 from openlineage.client.serde import Serde
 
-from airflow_provider_pglogical.formats.lake import local_lake
+from airflow_provider_pglogical.engine.lake_catalog import open_catalog
+from airflow_provider_pglogical.formats.lake import CHANGELOG_SUFFIX, OWNER_PROPERTY, local_lake
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, TableManifest
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.lineage import datasets
 from airflow_provider_pglogical.lineage.facets import schema_of
 from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
+from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
 from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
 from tests.unit.test_layers import airflow_side_modules
 
@@ -137,6 +140,29 @@ def test_ack_reads_the_batch_tables_and_writes_the_cut(lake_conn: str, tmp_path:
     assert lineage.run_facets["pglogicalBatch"].endLsn == "0/2A0"
 
 
+def test_maintenance_names_the_slots_tables_and_changelogs(lake_conn: str, tmp_path: Path) -> None:
+    """Tables created with pyiceberg as the job creates them: owned by a slot through a table property."""
+    lake = local_lake(str(tmp_path / "lake"))
+    catalog = open_catalog(lake)
+    namespace = lake.namespace("Sales.EU")
+    catalog.create_namespace(namespace)
+    columns = pa.schema([("id", pa.int64()), ("qty €", pa.int32())])
+    catalog.create_table((namespace, "v1.2 orders%ü"), columns, properties={OWNER_PROPERTY: "shop_cdc"})
+    catalog.create_table((namespace, "v1.2 orders%ü" + CHANGELOG_SUFFIX), columns)
+    catalog.create_table((namespace, "other"), columns, properties={OWNER_PROPERTY: "another_slot"})
+    maintain = PgLogicalLakeMaintenanceOperator(task_id="maintain", slot="shop_cdc", lake_conn_id=lake_conn)
+    lineage = maintain.get_openlineage_facets_on_complete(None)
+    expected = [
+        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü"),
+        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü__pgl_changelog"),
+    ]
+    assert names(lineage.inputs) == names(lineage.outputs) == expected
+    assert [(f.name, f.type) for f in lineage.outputs[0].facets["schema"].fields] == [
+        ("id", "long"),
+        ("qty €", "int"),
+    ]
+
+
 def test_a_failing_lineage_method_logs_and_returns_none(
     lake_conn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -164,6 +190,7 @@ manifest, modules = sys.argv[1], sys.argv[2:]
 for module in modules:
     importlib.import_module(module)
 from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
+from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
 from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
 from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
