@@ -202,21 +202,20 @@ def output_datasets(
         OutputStatisticsOutputDatasetFacet,
     )
 
+    # (entry, changelog?) in output order; entries are not hashable (a batch's carry catalog facts).
     wanted: list[tuple[TableManifest, bool]] = [(entry, False) for entry in manifest.tables]
     if manifest.kind == "batch":
         wanted += [(entry, True) for entry in manifest.tables]
-    identifiers = {
-        (entry, changelog): (
-            lake.changelog_identifier(entry.schema, entry.table)
-            if changelog
-            else lake.identifier(entry.schema, entry.table)
-        )
+    identifiers = [
+        lake.changelog_identifier(entry.schema, entry.table)
+        if changelog
+        else lake.identifier(entry.schema, entry.table)
         for entry, changelog in wanted
-    }
-    known = lake_fields(lake, identifiers.values())
+    ]
+    known = lake_fields(lake, identifiers)
     outputs = []
-    for entry, changelog in wanted:
-        fields = known.get(identifiers[entry, changelog]) or [(c.name, c.arrow_type) for c in entry.columns]
+    for (entry, changelog), ident in zip(wanted, identifiers, strict=True):
+        fields = known.get(ident) or [(c.name, c.arrow_type) for c in entry.columns]
         facets: dict[str, Any] = {"schema": schema_facet(fields)}
         if source_namespace is not None:
             source = postgres_name(manifest.database, entry.schema, entry.table)

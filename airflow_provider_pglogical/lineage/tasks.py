@@ -97,6 +97,12 @@ def _lake(operator: Any) -> LakeConfig:
 
 
 @guarded
+def nothing_yet() -> Any:
+    """START of the snapshot and the drain: an empty lineage (None would make the provider warn)."""
+    return _lineage()
+
+
+@guarded
 def staged_lineage(operator: Any, task_instance: Any) -> Any:
     """Snapshot or drain, on completion: the source tables its staged manifest (its XCom) holds."""
     summary = task_instance.xcom_pull(task_ids=operator.task_id)

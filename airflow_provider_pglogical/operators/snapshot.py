@@ -232,7 +232,9 @@ class PgLogicalSnapshotOperator(BaseOperator):
 
     def get_openlineage_facets_on_start(self) -> Any:
         """OpenLineage (README): nothing before the copy is staged; its COMPLETE event says it all."""
-        return None
+        from airflow_provider_pglogical.lineage.tasks import nothing_yet
+
+        return nothing_yet()
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage: the source tables copied, and the batch's LSN window (lineage/tasks.py)."""

@@ -23,6 +23,7 @@ from airflow_provider_pglogical.engine.lake_catalog import open_catalog
 from airflow_provider_pglogical.formats.lake import CHANGELOG_SUFFIX, OWNER_PROPERTY, local_lake
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, TableManifest
+from airflow_provider_pglogical.formats.schema_changes import CatalogFacts
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.lineage import datasets
 from airflow_provider_pglogical.lineage.facets import schema_of
@@ -37,6 +38,7 @@ HOSTILE = TableManifest(
              ColumnManifest("qty €", "int4", 23, -1, "int32")),
     key_columns=("id",), replica_identity="d", rows=3, files=("x/part-0000.parquet",),
     row_filter="((id % 2) = 0)", column_list=("id", "qty €"),
+    catalog=CatalogFacts({}),  # as a drained batch's tables carry (not hashable)
 )  # fmt: skip
 PLAIN = TableManifest(
     schema="Sales", table="EU.v1.2 orders%ü",
