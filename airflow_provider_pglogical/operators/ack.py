@@ -121,3 +121,15 @@ class PgLogicalAckOperator(BaseOperator):
 
     def _get_lake_hook(self) -> PgLogicalLakeHook:
         return PgLogicalLakeHook(self.lake_conn_id)
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """OpenLineage (README): the batch's lake tables in, the pipeline's cut out (lineage/tasks.py)."""
+        from airflow_provider_pglogical.lineage.tasks import ack_lineage
+
+        return ack_lineage(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: as at start (the cut and its LSN window are known from the manifest)."""
+        from airflow_provider_pglogical.lineage.tasks import ack_lineage
+
+        return ack_lineage(self)

@@ -88,3 +88,15 @@ class PgLogicalDrainOperator(BaseOperator):
 
     def _get_hook(self) -> PgLogicalHook:
         return PgLogicalHook(self.pglogical_conn_id)
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """OpenLineage (README): nothing before the batch is staged; its COMPLETE event says it all."""
+        from airflow_provider_pglogical.lineage.tasks import nothing_yet
+
+        return nothing_yet()
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the source tables drained, and the batch's LSN window (lineage/tasks.py)."""
+        from airflow_provider_pglogical.lineage.tasks import staged_lineage
+
+        return staged_lineage(self, task_instance)

@@ -66,6 +66,18 @@ class PgLogicalLakeMaintenanceOperator(LakeSparkJobOperator):
         skip = [self.skip] if isinstance(self.skip, str) else list(self.skip)
         return args + (["--skip", ",".join(skip)] if skip else [])
 
+    def get_openlineage_facets_on_start(self) -> Any:
+        """OpenLineage (README): the slot's lake tables, read and rewritten (lineage/tasks.py)."""
+        from airflow_provider_pglogical.lineage.tasks import maintenance_lineage
+
+        return maintenance_lineage(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: as at start."""
+        from airflow_provider_pglogical.lineage.tasks import maintenance_lineage
+
+        return maintenance_lineage(self)
+
 
 class PgLogicalStagingRetentionOperator(BaseOperator):
     """Delete the slot's staged batches and snapshots that are acknowledged and older than the retention.

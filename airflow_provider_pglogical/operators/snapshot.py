@@ -230,6 +230,18 @@ class PgLogicalSnapshotOperator(BaseOperator):
         if self._spark_hook is not None:
             self._spark_hook.on_kill()
 
+    def get_openlineage_facets_on_start(self) -> Any:
+        """OpenLineage (README): nothing before the copy is staged; its COMPLETE event says it all."""
+        from airflow_provider_pglogical.lineage.tasks import nothing_yet
+
+        return nothing_yet()
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the source tables copied, and the batch's LSN window (lineage/tasks.py)."""
+        from airflow_provider_pglogical.lineage.tasks import staged_lineage
+
+        return staged_lineage(self, task_instance)
+
 
 def _default_spark_submit() -> str | None:
     """None (the connection's ``spark-binary`` or PATH decides) unless PATH lacks ``spark-submit``:

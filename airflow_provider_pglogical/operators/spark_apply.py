@@ -89,3 +89,15 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
                     metrics.APPLY_SECONDS, write.apply_seconds, slot=manifest.slot, table=qualified
                 )
         self.log.info("batch %s: Asset events for %d lake table(s)", manifest.batch_id, len(writes))
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """OpenLineage (README): the lake tables the batch writes and its LSN window (lineage/tasks.py)."""
+        from airflow_provider_pglogical.lineage.tasks import apply_lineage
+
+        return apply_lineage(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: source tables in, lake tables out, with column lineage and rows written."""
+        from airflow_provider_pglogical.lineage.tasks import apply_lineage
+
+        return apply_lineage(self, task_instance)

@@ -1,0 +1,232 @@
+"""OpenLineage from real DAG runs: the openlineage provider's own listener and file transport.
+
+One initial snapshot and one CDC run of the example DAGs (``airflow dags test``, real PostgreSQL,
+real ``spark-submit``), with ``[openlineage] transport`` set to the file transport. The source has
+hostile names (a schema with a dot, a table with a dot, a space, ``%`` and non-ASCII), a column
+list and a row filter. The events must hold a START and a COMPLETE for every task, and the
+datasets and facets README "OpenLineage" promises.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
+from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.lineage.facets import schema_of
+from airflow_provider_pglogical.replication import connect, describe_slot
+from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from tests.integration.e2e.e2e_support import make_lake
+
+DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
+SLOT = "lineage_slot"
+PUBLICATION = "lineage_pub"
+SCHEMA, TABLE = "Sales.EU", "v1.2 orders%ü"
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
+
+SOURCE_DDL = f"""
+CREATE SCHEMA "{SCHEMA}";
+CREATE TABLE "{SCHEMA}"."{TABLE}" (id int PRIMARY KEY, "qty €" int, note text, secret text);
+CREATE TABLE public.customers (id bigint PRIMARY KEY, name text, amount numeric(10,2));
+INSERT INTO "{SCHEMA}"."{TABLE}" SELECT i, i * 10, 'n' || i, 's' || i FROM generate_series(1, 8) i;
+INSERT INTO public.customers SELECT i, 'c' || i, i * 1.5 FROM generate_series(1, 5) i;
+CREATE PUBLICATION {PUBLICATION} FOR TABLE "{SCHEMA}"."{TABLE}" (id, "qty €", note) WHERE (id % 2 = 0),
+    public.customers;
+"""
+CHANGES = f"""
+INSERT INTO "{SCHEMA}"."{TABLE}" VALUES (10, 100, 'ten', 'x'), (11, 110, 'eleven', 'x');
+UPDATE public.customers SET name = 'renamed' WHERE id = 2;
+DELETE FROM public.customers WHERE id = 3;
+"""
+
+
+@dataclass(frozen=True)
+class Runs:
+    """The events of both DAG runs, and what they must name."""
+
+    events: list[dict[str, Any]]
+    database: str
+    source_namespace: str
+    lake: LakeConfig
+    acked: Lsn
+
+    def task_events(self, job: str, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["job"]["name"] == job and e["eventType"] == kind]
+
+    def one(self, job: str, kind: str) -> dict[str, Any]:
+        (event,) = self.task_events(job, kind)
+        return event
+
+
+@pytest.fixture(scope="module")
+def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
+    tmp = tmp_path_factory.mktemp("openlineage")
+    database = f"lineage_{uuid.uuid4().hex[:8]}"
+    pg_cluster.create_database(database)
+    with pg_cluster.connect(database) as conn, conn.cursor() as cur:
+        cur.execute(SOURCE_DDL)
+    lake, lake_conn = make_lake(tmp / "lake")
+    events_file = tmp / "openlineage.jsonl"
+    sandbox = AirflowSandbox(
+        tmp / "airflow",
+        DAGS,
+        connections={
+            "src": pg_cluster.uri(database),
+            "spark_local": "spark://local%5B2%5D",
+            "lake": lake_conn,
+        },
+        env={
+            "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+                {"type": "file", "log_file_path": str(events_file), "append": True}
+            ),
+            "AIRFLOW__OPENLINEAGE__NAMESPACE": "lineage_test",
+            # `airflow dags test` serves the task's XCom reads from an in-process API whose thread a
+            # forked child lacks: the snapshot's and drain's COMPLETE (they read their XCom) would
+            # hang in the provider's default fork until its timeout. A worker's supervisor is a real
+            # process, where the fork works; the thread is the provider's option for such methods.
+            "AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD": "True",
+        },
+    )
+    conf = {
+        "pglogical_conn_id": "src", "publication": PUBLICATION, "slot": SLOT, "staging": str(tmp / "staging"),
+        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
+    }  # fmt: skip
+    try:
+        for_log = [sandbox.dags_test("pglogical_initial_snapshot", conf).check()]
+        with pg_cluster.connect(database) as conn, conn.cursor() as cur:
+            cur.execute(CHANGES)
+        for_log.append(sandbox.dags_test("pglogical_cdc_microbatch", conf).check())
+        for run in for_log:
+            (tmp / f"{run.dag_id}.log").write_text(run.output, encoding="utf-8")
+        conn = connect(pg_cluster.dsn(database))
+        acked = describe_slot(conn, SLOT).confirmed_flush_lsn
+        conn.close()
+        assert acked is not None
+        lines = events_file.read_text(encoding="utf-8").splitlines()
+        yield Runs(
+            [json.loads(line) for line in lines if line.strip()],
+            database,
+            f"postgres://{pg_cluster.host}:{pg_cluster.port}",
+            lake,
+            acked,
+        )
+    finally:
+        pg_cluster.drop_database(database)
+
+
+def by_name(datasets: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["namespace"], d["name"]): d for d in datasets}
+
+
+def fields(dataset: dict[str, Any]) -> dict[str, str]:
+    return {f["name"]: f["type"] for f in dataset["facets"]["schema"]["fields"]}
+
+
+def assert_valid(facet: dict[str, Any], name: str) -> None:
+    """A custom facet as emitted validates against its shipped schema, and names that schema."""
+    assert facet["_schemaURL"].endswith(f"{name}.json#/$defs/{name}")
+    _, own = schema_of(name)["$defs"][name]["allOf"]
+    jsonschema.validate(facet, own)
+
+
+def test_every_task_emits_start_and_complete(runs: Runs) -> None:
+    jobs = {
+        "pglogical_initial_snapshot": ("pglogical_snapshot.snapshot", "pglogical_snapshot.load"),
+        "pglogical_cdc_microbatch": (
+            "pglogical_cdc.wait_for_lag", "pglogical_cdc.drain", "pglogical_cdc.apply", "pglogical_cdc.ack",
+        ),
+    }  # fmt: skip
+    for dag, tasks in jobs.items():
+        for task in tasks:
+            for kind in ("START", "COMPLETE"):
+                assert len(runs.task_events(f"{dag}.{task}", kind)) == 1, (dag, task, kind)
+    assert {e["job"]["namespace"] for e in runs.events} == {"lineage_test"}
+
+
+def test_snapshot_reads_the_published_tables_with_their_filter_and_column_list(runs: Runs) -> None:
+    event = runs.one("pglogical_initial_snapshot.pglogical_snapshot.snapshot", "COMPLETE")
+    inputs = by_name(event["inputs"])
+    hostile = inputs[runs.source_namespace, f"{runs.database}.{SCHEMA}.{TABLE}"]
+    plain = inputs[runs.source_namespace, f"{runs.database}.public.customers"]
+    assert len(inputs) == 2 and event["outputs"] == []  # staging is no dataset
+    assert fields(hostile) == {"id": "int4", "qty €": "int4", "note": "text"}  # "secret" is not published
+    assert fields(plain)["amount"].startswith("numeric")
+    publication = hostile["facets"]["pglogicalPublication"]
+    assert publication["rowFilter"] == "(((id % 2) = 0))"  # as PostgreSQL deparses it
+    assert publication["columnList"] == ["id", "qty €", "note"]
+    assert publication["publications"] == [PUBLICATION]
+    assert "rowFilter" not in plain["facets"]["pglogicalPublication"]  # every row: no filter
+    assert_valid(plain["facets"]["pglogicalPublication"], "PgLogicalPublicationDatasetFacet")
+    assert_valid(publication, "PgLogicalPublicationDatasetFacet")
+    batch = event["run"]["facets"]["pglogicalBatch"]
+    assert batch["kind"] == "snapshot" and batch["slot"] == SLOT and batch["startLsn"] == batch["endLsn"]
+    assert batch["cutTag"] == tag_name(Lsn.parse(batch["endLsn"]))
+    assert batch["rows"] == 4 + 5  # even ids of 1..8, and every customer
+    assert_valid(batch, "PgLogicalBatchRunFacet")
+
+
+def test_load_writes_the_lake_tables_with_column_lineage_and_rows(runs: Runs) -> None:
+    start = runs.one("pglogical_initial_snapshot.pglogical_snapshot.load", "START")
+    event = runs.one("pglogical_initial_snapshot.pglogical_snapshot.load", "COMPLETE")
+    lake_table = ("iceberg://lake", f"{runs.lake.namespace(SCHEMA)}.{TABLE}")
+    assert lake_table == ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü")
+    outputs = by_name(event["outputs"])
+    assert set(outputs) == {lake_table, ("iceberg://lake", "public.customers")}  # no changelog for a load
+    assert set(by_name(start["outputs"])) == set(outputs)
+    source = f"{runs.database}.{SCHEMA}.{TABLE}"
+    assert set(by_name(event["inputs"])) == {
+        (runs.source_namespace, source),
+        (runs.source_namespace, f"{runs.database}.public.customers"),
+    }
+    table = outputs[lake_table]
+    assert fields(table) == {"id": "int", "qty €": "int", "note": "string"}  # Iceberg's types, read back
+    assert table["outputFacets"]["outputStatistics"]["rowCount"] == 4
+    lineage = table["facets"]["columnLineage"]["fields"]
+    assert set(lineage) == {"id", "qty €", "note"}
+    (origin,) = lineage["qty €"]["inputFields"]
+    assert (origin["namespace"], origin["name"], origin["field"]) == (runs.source_namespace, source, "qty €")
+    assert origin["transformations"][0]["subtype"] == "IDENTITY"
+    assert outputs["iceberg://lake", "public.customers"]["outputFacets"]["outputStatistics"]["rowCount"] == 5
+
+
+def test_cdc_run_carries_the_lsn_window_and_the_cut(runs: Runs) -> None:
+    drain = runs.one("pglogical_cdc_microbatch.pglogical_cdc.drain", "COMPLETE")
+    apply = runs.one("pglogical_cdc_microbatch.pglogical_cdc.apply", "COMPLETE")
+    ack = runs.one("pglogical_cdc_microbatch.pglogical_cdc.ack", "COMPLETE")
+    window = drain["run"]["facets"]["pglogicalBatch"]
+    assert window["kind"] == "batch" and Lsn.parse(window["endLsn"]) == runs.acked
+    assert Lsn.parse(window["startLsn"]) < runs.acked
+    assert window["cutTag"] == tag_name(runs.acked)
+    assert window["changes"] == 3 and window["transactions"] == 1  # id 11 is filtered out
+    for event in (apply, ack):
+        assert event["run"]["facets"]["pglogicalBatch"] == window
+    assert {d["name"] for d in drain["inputs"]} == {
+        f"{runs.database}.{SCHEMA}.{TABLE}",
+        f"{runs.database}.public.customers",
+    }
+    outputs = by_name(apply["outputs"])
+    hostile = runs.lake.namespace(SCHEMA)
+    assert set(outputs) == {
+        ("iceberg://lake", f"{hostile}.{TABLE}"),
+        ("iceberg://lake", f"{hostile}.{TABLE}__pgl_changelog"),
+        ("iceberg://lake", "public.customers"),
+        ("iceberg://lake", "public.customers__pgl_changelog"),
+    }
+    stats = {name: d["outputFacets"]["outputStatistics"]["rowCount"] for (_, name), d in outputs.items()}
+    assert stats[f"{hostile}.{TABLE}"] == 1 and stats["public.customers"] == 2
+    changelog = outputs["iceberg://lake", "public.customers__pgl_changelog"]
+    assert {"id", "name", "amount"} <= set(changelog["facets"]["columnLineage"]["fields"])
+    assert set(fields(changelog)) - set(changelog["facets"]["columnLineage"]["fields"])  # its own columns
+    assert set(by_name(ack["inputs"])) == {
+        ("iceberg://lake", f"{hostile}.{TABLE}"),
+        ("iceberg://lake", "public.customers"),
+    }
+    assert [(d["namespace"], d["name"]) for d in ack["outputs"]] == [("pglogical://lake", SLOT)]
