@@ -22,8 +22,9 @@ from pathlib import Path
 
 from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
 from airflow_provider_pglogical.engine.lake_catalog import latest_cut
+from airflow_provider_pglogical.engine.report import collect_report, render_html
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.formats.lake import local_lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 
@@ -32,6 +33,13 @@ DAGS = Path(__file__).resolve().parents[2] / "dags_examples"  # the repository's
 
 def say(message: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def write_report(dsn: str, lake: LakeConfig, root: Path) -> Path:
+    """The pipeline's HTML report (``pglogical report``), written while the source still runs."""
+    path = root / "report.html"
+    path.write_text(render_html([collect_report(dsn, "shop_cdc", lake, publications=[PUBLICATION])]))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  batch applied and acknowledged in {result.seconds:.0f} s; slot lag now {lag} bytes")
         say("comparing every table with its source (pyiceberg)")
         results = compare_tables(pg.dsn("shop"), [PUBLICATION], lake)
+        report = write_report(pg.dsn("shop"), lake, root)
     print()
     print(format_report(results))
     print()
@@ -94,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         f"lake: catalog {root / 'lake' / 'catalog.db'} (Iceberg JDBC on SQLite), "
         f"warehouse {root / 'lake' / 'warehouse'}"
     )
+    say(f"pipeline report (open in a browser): {report}")
     equal = all(r.equal for r in results)
     say("all tables equal their source" if equal else "SOME TABLES DIFFER")
     return 0 if equal and cut is not None else 1
