@@ -42,7 +42,7 @@ th{background:#f1f3f7}td.num{text-align:right;font-variant-numeric:tabular-nums}
 
 _SCRIPT = """
 (function(){
-  const fmt = (v, unit) => v == null ? "unknown" : (Math.round(v * 100) / 100) + (unit || "");
+  const fmt = (v, unit) => (Math.round(v * 100) / 100) + (unit || "");
   for (const el of document.querySelectorAll("script.pgl-chart")) {
     const spec = JSON.parse(el.textContent);
     const holder = document.getElementById(spec.target);
@@ -52,11 +52,13 @@ _SCRIPT = """
       title: spec.title, width: 440, height: 220,
       scales: {x: {time: time}},
       series: [
-        {label: time ? "time" : "batch", value: (u, v) => time ? new Date(v * 1000).toISOString() : v},
+        {label: time ? "time" : "batch",
+         value: (u, v) => v == null ? "--" : time ? new Date(v * 1000).toISOString() : v},
         {label: spec.label, stroke: "#2f6db3", fill: "rgba(47,109,179,0.12)", width: 2,
-         points: {show: true, size: 6}, spanGaps: false, value: (u, v) => fmt(v, spec.unit)}
+         points: {show: true, size: 6}, spanGaps: false,
+         value: (u, v) => v == null ? "--" : fmt(v, spec.unit)}
       ],
-      axes: [{}, {size: 70}]
+      axes: [time ? {} : {values: (u, vals) => vals.map(v => Number.isInteger(v) ? v : "")}, {size: 70}]
     };
     holder.textContent = "";
     new uPlot(opts, [spec.x, spec.y], holder);
@@ -75,7 +77,7 @@ def _text(value: Any) -> str:
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S UTC")
     if isinstance(value, float):
-        return f"{value:.2f}"
+        return str(int(value)) if value.is_integer() else f"{value:.2f}"
     return str(value)
 
 
