@@ -28,6 +28,7 @@ from airflow_provider_pglogical.plugins.pipelines import (
     ack_points,
     configured_pipelines,
 )
+from airflow_provider_pglogical.replication.connection import connection_lost_detail
 
 RESOURCE = "pglogical"
 URL_PREFIX = "/pglogical"
@@ -54,7 +55,7 @@ def _report(spec: PipelineSpec) -> PipelineReport | str:
         params = PgLogicalHook(spec.conn_id).connection_params()
         lake = PgLogicalLakeHook(spec.lake_conn_id).get_conn()
     except Exception as exc:  # a missing or malformed connection: said, never raised into the page
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        first = connection_lost_detail(exc)[:300]
         return (
             f"pipeline of slot {spec.slot!r}: connection {spec.conn_id!r} or {spec.lake_conn_id!r}: {first}"
         )

@@ -52,6 +52,7 @@ from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import connect
+from airflow_provider_pglogical.replication.connection import connection_lost_detail
 
 __all__ = ["collect_report", "read_lake", "read_slot"]
 
@@ -87,11 +88,6 @@ def _within(seconds: float, work: Callable[[], ResultT]) -> ResultT:
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def read_slot(
@@ -143,7 +139,7 @@ def read_slot(
     except psycopg2.errors.QueryCanceled:
         return None, f"measuring slot {slot!r} timed out after {timeout:g} s (statement_timeout)"
     except psycopg2.Error as exc:
-        detail = _first_line(exc)
+        detail = connection_lost_detail(exc)[:300]
         if "timeout" in detail.lower():
             return None, f"the source did not answer within {timeout:g} s (timed out: {detail})"
         return None, f"cannot read slot {slot!r} from the source: {detail}"
@@ -341,7 +337,9 @@ def collect_report(
     except LakeCatalogError as exc:
         problems.append(f"the lake cannot be reached: {exc}")
     except Exception as exc:  # a catalog library's own error: said, not raised into the page
-        problems.append(f"the lake cannot be read ({type(exc).__name__}: {_first_line(exc)})")
+        problems.append(
+            f"the lake cannot be read ({type(exc).__name__}: {connection_lost_detail(exc)[:300]})"
+        )
     history = [(ack.acked_at, ack.lag_bytes) for ack in acks if ack.lag_bytes is not None]
     if source is not None and source.lag_bytes is not None:
         history.append((source.measured_at, source.lag_bytes))
