@@ -13,7 +13,7 @@ from pathlib import Path
 
 from airflow_provider_pglogical.cli.common import add_connection_arguments, connection_params, print_rows
 from airflow_provider_pglogical.engine.health import format_size
-from airflow_provider_pglogical.engine.report import collect_report, render_html
+from airflow_provider_pglogical.engine.report import AckPoint, collect_report, render_html
 from airflow_provider_pglogical.engine.report.collect import DEFAULT_TIMEOUT
 from airflow_provider_pglogical.formats.lake import LakeConfig
 
@@ -31,13 +31,28 @@ def lake_config(args: argparse.Namespace) -> LakeConfig:
     return PgLogicalLakeHook(args.lake_conn_id).get_conn()
 
 
+def airflow_acks(lake: LakeConfig, slot: str) -> tuple[list[AckPoint], list[str]]:
+    """The pipeline's acks from the Airflow metadata database (its cut Asset's events), or a note."""
+    try:
+        # Imported here: only --airflow-acks needs Airflow's metadata database.
+        from airflow_provider_pglogical.plugins.pipelines import ack_points
+
+        return ack_points(lake.catalog, slot), []
+    except Exception as exc:
+        return [], [f"the Airflow metadata of acks could not be read ({type(exc).__name__})"]
+
+
 def run_report(args: argparse.Namespace) -> int:
+    lake = lake_config(args)
+    acks, notes = airflow_acks(lake, args.slot) if args.airflow_acks else ([], [])
     report = collect_report(
         connection_params(args),
         args.slot,
-        lake_config(args),
+        lake,
         publications=args.publications,
+        acks=acks,
         timeout=args.timeout,
+        notes=notes,
     )
     if args.html:
         path = Path(args.html)
@@ -81,6 +96,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--publication", dest="publications", action="append", default=[], metavar="NAME",
         help="also measure the age of the oldest pending change by peeking with these publications "
         "(repeatable; the peek takes the slot for a moment)",
+    )  # fmt: skip
+    report.add_argument(
+        "--airflow-acks", action="store_true",
+        help="read ack times, end-to-end latency and the lag after each ack from the Airflow metadata "
+        "database (the pipeline's cut Asset events); needs Airflow configured as for the scheduler",
     )  # fmt: skip
     report.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT,
