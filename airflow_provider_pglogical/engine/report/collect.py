@@ -346,8 +346,8 @@ def collect_report(
     notes = list(notes)
     if not acks:
         notes.append(
-            "no ack events were given: end-to-end latency and the lag over time need the Airflow "
-            "metadata (the pipeline's cut Asset events); the lag shown is the current measurement"
+            "no ack of this pipeline is known (its cut Asset's events, written by the ack task): the "
+            "end-to-end latency and the lag over time are unknown; the lag shown is measured now"
         )
     return PipelineReport(
         slot=slot,
