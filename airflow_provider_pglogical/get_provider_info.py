@@ -58,14 +58,6 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_provider_pglogical.sensors.slot_lag"],
             }
         ],
-        # The "pglogical" view of the Airflow UI; also an `airflow.plugins` entry point (pyproject),
-        # which is what loads it while [core] lazy_discover_providers is on (the default).
-        "plugins": [
-            {
-                "name": "pglogical",
-                "plugin-class": "airflow_provider_pglogical.plugins.report_view.PgLogicalReportPlugin",
-            }
-        ],
         "triggers": [
             {
                 "integration-name": "PostgreSQL logical replication",
