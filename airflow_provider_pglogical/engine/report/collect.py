@@ -60,7 +60,9 @@ __all__ = ["collect_report", "read_lake", "read_slot"]
 INSERTED, UPDATED, DELETED = "pgl.inserted", "pgl.updated", "pgl.deleted"
 STARTED_MS = "pgl.started-ms"
 NEWEST_COMMIT_TIME = "pgl.newest-commit-time"
-ADDED_RECORDS, TOTAL_RECORDS = "added-records", "total-records"  # Iceberg's own summary keys
+# Iceberg's own summary keys.
+ADDED_RECORDS, TOTAL_RECORDS = "added-records", "total-records"
+POSITION_DELETES, EQUALITY_DELETES = "total-position-deletes", "total-equality-deletes"
 
 DEFAULT_TIMEOUT = 10.0
 ResultT = TypeVar("ResultT")
@@ -230,11 +232,24 @@ def _changelog_changes(catalog: Any, identifier: tuple[str, str], slot: str) -> 
     return out
 
 
+def live_rows(summary: Mapping[str, str]) -> int | None:
+    """A snapshot's row count from its summary: ``total-records`` less its position deletes.
+
+    A merge-on-read table keeps deleted rows in its data files and marks them in position-delete
+    files (each row once), so ``total-records`` alone overcounts; equality deletes cannot be
+    netted without reading the table: then the count is unknown.
+    """
+    total = _int(summary.get(TOTAL_RECORDS))
+    if total is None or (_int(summary.get(EQUALITY_DELETES)) or 0) > 0:
+        return None
+    return total - (_int(summary.get(POSITION_DELETES)) or 0)
+
+
 def _table_row(name: str, table: Any) -> LakeTableRow:
     current = table.current_snapshot()
     if current is None:
         return LakeTableRow(name, None, None, None, None, None, None, note="no commits yet")
-    rows = _int(summary_of(current).get(TOTAL_RECORDS))
+    rows = live_rows(summary_of(current))
     state = table_state(table)
     if state is None:
         return LakeTableRow(name, None, None, None, None, rows, None, note="no pipeline commit yet")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from psycopg2 import sql
 from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
@@ -155,12 +156,26 @@ def _lag(dsn: str) -> int:
         conn.close()
 
 
+def _count(dsn: str, qualified: str) -> int:
+    schema, table = qualified.split(".", 1)
+    conn = connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                sql.SQL("SELECT count(*) FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+            )
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
 @pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed (make test installs it)")
 def test_browser_shows_the_pipelines_real_numbers(deployment: Deployment) -> None:
     conn = connect(deployment.dsn)
     confirmed = str(describe_slot(conn, SLOT).confirmed_flush_lsn)
     conn.close()
     applied = {table: str(lake_state(deployment.lake, table).applied_end_lsn) for table in TABLES}
+    counts = {table: _count(deployment.dsn, table) for table in TABLES}
     token = deployment.token("reader")
     url = f"{deployment.services.api_url}/pglogical/"
     screenshot = deployment.tmp / "pglogical-view.png"
@@ -180,9 +195,10 @@ def test_browser_shows_the_pipelines_real_numbers(deployment: Deployment) -> Non
         assert browser.evaluate(f"({card})('p0-cut')") == confirmed  # the last ack's batch is the cut
         shown_lag = int(browser.evaluate(f"({card})('p0-lag-bytes')"))
         assert lag_before <= shown_lag <= lag_after
-        tables = browser.evaluate("document.getElementById('p0-tables').innerText")
-        for table, lsn in applied.items():
-            assert f"{table}\t{lsn}" in tables, (table, lsn, tables)
+        shown = browser.evaluate("document.getElementById('p0-tables').innerText")
+        rows = {line.split("\t")[0]: line.split("\t") for line in shown.splitlines()[1:]}
+        for table, lsn in applied.items():  # applied-end LSN and live row count, as the lake and source say
+            assert (rows[table][1], int(rows[table][5])) == (lsn, counts[table]), (table, lsn, shown)
         for chart in ("lag", "changes"):  # uPlot drew them (apply and latency need issue 22's keys)
             assert browser.evaluate(f"document.querySelectorAll('#p0-chart-{chart} canvas').length") >= 1
         text = browser.text()

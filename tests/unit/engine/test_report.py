@@ -17,7 +17,7 @@ from airflow_provider_pglogical.engine.report import (
     PipelineReport,
     render_html,
 )
-from airflow_provider_pglogical.engine.report.collect import _with_acks, _within
+from airflow_provider_pglogical.engine.report.collect import _with_acks, _within, live_rows
 from airflow_provider_pglogical.errors import LakeConfigError
 from airflow_provider_pglogical.plugins.pipelines import parse_pipelines
 
@@ -86,3 +86,14 @@ def test_a_hung_call_is_cut_off_and_errors_pass_through() -> None:
     assert _within(5, lambda: 42) == 42
     with pytest.raises(ZeroDivisionError):
         _within(5, lambda: 1 // 0)
+
+
+def test_row_count_nets_out_position_deletes_and_admits_equality_deletes() -> None:
+    # a merge-on-read table as the apply job leaves it (numbers from a demo run's public.orders)
+    assert (
+        live_rows({"total-records": "588", "total-position-deletes": "218", "total-equality-deletes": "0"})
+        == 370
+    )
+    assert live_rows({"total-records": "5"}) == 5
+    assert live_rows({"total-records": "9", "total-equality-deletes": "2"}) is None
+    assert live_rows({}) is None
