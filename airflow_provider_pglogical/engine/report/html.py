@@ -52,7 +52,7 @@ _SCRIPT = """
       title: spec.title, width: 440, height: 220,
       // one point (a single measurement, a single batch): a window around it, not uPlot's years
       scales: {x: {time: time, range: (u, min, max) =>
-        min === max ? [min - (time ? 600 : 1), max + (time ? 60 : 1)] : [min, max]}},
+        spec.x.length === 1 ? [spec.x[0] - (time ? 600 : 1), spec.x[0] + (time ? 60 : 1)] : [min, max]}},
       series: [
         {label: time ? "time" : "batch",
          value: (u, v) => v == null ? "--" : time ? new Date(v * 1000).toISOString() : v},
