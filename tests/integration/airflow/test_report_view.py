@@ -206,7 +206,7 @@ def test_browser_shows_the_pipelines_real_numbers(deployment: Deployment) -> Non
         print(f"\nscreenshot of the pglogical view: {screenshot}")
     assert "replication slot 'no_such_slot' does not exist" in text
     assert "the lake cannot be reached" in text
-    assert "did not answer within 2 s (timed out)" in text
+    assert "the source did not answer within 2 s (timed out" in text
     assert "table public.fresh has no commits yet" in text
     assert SECRET not in text and "Traceback" not in text
     assert seconds < 60  # the silent source costs its timeout, not a hang

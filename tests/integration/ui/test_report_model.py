@@ -44,7 +44,7 @@ def _summary(kind: str, batch: str, start: Lsn, end: Lsn, base: Lsn, **extra: st
 
 
 def build_lake(root: Path) -> LakeConfig:
-    """orders (issue 22 keys), items (older commits: changelog only), empty (no commit yet)."""
+    """orders (issue 22 keys) and items (older commits: changelog only), both tagged at B1_END."""
     config = local_lake(str(root))
     (root / "warehouse").mkdir(parents=True, exist_ok=True)
     catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
@@ -53,7 +53,6 @@ def build_lake(root: Path) -> LakeConfig:
     owner = {lk.OWNER_PROPERTY: SLOT}
     orders = catalog.create_table(("public", "orders"), schema, properties=owner)
     items = catalog.create_table(("public", "items"), schema, properties=owner)
-    catalog.create_table(("public", "empty"), schema, properties=owner)
     changelog = catalog.create_table(("public", "items" + lk.CHANGELOG_SUFFIX), schema)
     rows = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
     _commit(orders, rows, _summary("snapshot", "snap", SNAP_END, SNAP_END, SNAP_END))
@@ -103,13 +102,26 @@ def test_report_reads_slot_batches_tables_and_cut(pipeline: tuple[str, LakeConfi
     tables = {t.name: t for t in report.tables}
     assert (tables["public.orders"].applied_end_lsn, tables["public.orders"].rows) == (str(B1_END), 5)
     assert (tables["public.items"].last_batch, tables["public.items"].base_lsn) == ("b1", str(SNAP_END))
-    assert tables["public.empty"].note == "no commits yet"
-    assert report.problems == ("table public.empty has no commits yet",)
-    assert report.lag_history[0][1] == 123
+    assert report.problems == () and report.lag_history[0][1] == 123
     page = render_html([report])
     assert "https://" not in page.replace("https://github.com/leeoniya/uPlot", "")  # nothing fetched
-    for text in (str(B1_END), "public.empty", "no commits yet", 'id="p0-batch-count"><span>batches in'):
-        assert text in page
+    assert (
+        str(B1_END) in page and 'id="p0-batch-count"><span>batches in the lake</span><b class="">2<' in page
+    )
+
+    # A table joins the pipeline and has no commit yet: said, and no cut covers every table now.
+    catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
+    catalog.create_table(
+        ("public", "empty"), pa.schema([("id", pa.int64())]), properties={lk.OWNER_PROPERTY: SLOT}
+    )
+    later = collect_report(dsn, SLOT, config)
+    assert {t.name: t.note for t in later.tables}["public.empty"] == "no commits yet"
+    assert later.cut is None and len(later.batches) == 2
+    assert later.problems == (
+        "table public.empty has no commits yet",
+        "no consistent cut yet: no batch tag is on every pipeline table",
+    )
+    assert "no commits yet" in render_html([later])
 
 
 def test_missing_slot_unreachable_lake_and_slow_source_are_messages(pipeline: tuple[str, LakeConfig]) -> None:
