@@ -8,6 +8,7 @@ checked. Every bad input ends as a sentence in the report, never an exception.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import time
@@ -69,6 +70,16 @@ def build_lake(root: Path) -> LakeConfig:
     return config
 
 
+def add_empty_table(config: LakeConfig) -> None:
+    """A pipeline table created and never committed to (idempotent)."""
+    from pyiceberg.exceptions import TableAlreadyExistsError
+
+    catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
+    with contextlib.suppress(TableAlreadyExistsError):
+        catalog.create_table(("public", "empty"), pa.schema([("id", pa.int64())]),
+                             properties={lk.OWNER_PROPERTY: SLOT})  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory, pg_cluster: PostgresCluster) -> Iterator[
         tuple[str, LakeConfig]]:  # fmt: skip
@@ -110,10 +121,7 @@ def test_report_reads_slot_batches_tables_and_cut(pipeline: tuple[str, LakeConfi
     )
 
     # A table joins the pipeline and has no commit yet: said, and no cut covers every table now.
-    catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
-    catalog.create_table(
-        ("public", "empty"), pa.schema([("id", pa.int64())]), properties={lk.OWNER_PROPERTY: SLOT}
-    )
+    add_empty_table(config)
     later = collect_report(dsn, SLOT, config)
     assert {t.name: t.note for t in later.tables}["public.empty"] == "no commits yet"
     assert later.cut is None and len(later.batches) == 2
@@ -151,6 +159,7 @@ def test_missing_slot_unreachable_lake_and_slow_source_are_messages(pipeline: tu
 def test_cli_writes_one_self_contained_page(pipeline: tuple[str, LakeConfig], tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     dsn, config = pipeline
+    add_empty_table(config)
     out = tmp_path / "report.html"
     code = main(["report", "--dsn", dsn, "--slot", SLOT, "--lake-json", config.to_json(), "--html", str(out)])
     printed = capsys.readouterr().out
