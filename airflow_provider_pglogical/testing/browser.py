@@ -10,6 +10,7 @@ on exit.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -47,6 +48,7 @@ class HeadlessChromium:
         self._profile = tempfile.mkdtemp(prefix="chromium-profile-")
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: Any = None
+        self._stack = contextlib.ExitStack()
         self._session = ""
         self._ids = itertools.count(1)
 
@@ -66,7 +68,9 @@ class HeadlessChromium:
         port, path = port_file.read_text().splitlines()[:2]
         from websockets.sync.client import connect
 
-        self._socket = connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=30)
+        self._socket = self._stack.enter_context(
+            connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=30)
+        )
         target = self._call("Target.createTarget", url="about:blank")["targetId"]
         self._session = self._call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.send("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
@@ -74,9 +78,8 @@ class HeadlessChromium:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        self._stack.close()
+        self._socket = None
         if self._process is not None:
             terminate_process_groups([self._process], 5.0)
             self._process = None
