@@ -17,7 +17,7 @@ ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.j
 export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars lint test test-fast soak e2e-on-lag demo clean
+.PHONY: venv lake-jars browser lint test test-fast soak e2e-on-lag demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,18 +32,26 @@ $(DEBIAN_JARS):
 	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libjarjar-java libasm-java
 
+# Debian's chromium: the real browser the Airflow view's test loads the page in (tests/integration/airflow).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
 $(ICEBERG_DIR)/.built: $(STAMP) $(DEBIAN_JARS) tools/iceberg_jars.sh
 	tools/iceberg_jars.sh $(BIN)/pip $$($(BIN)/python -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') $(ICEBERG_DIR)
 	touch $@
 
 lake-jars: $(ICEBERG_DIR)/.built
 
+browser: $(CHROMIUM)
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint lake-jars
+test: lint lake-jars $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 # The edit-test loop, under 2 minutes and no server: lint, types and tests/unit only (the same tests

@@ -17,7 +17,7 @@ import psycopg2
 
 from airflow_provider_pglogical.errors import PgLogicalError
 
-COMMAND_MODULES = ("inspect", "lag", "peek")
+COMMAND_MODULES = ("inspect", "lag", "peek", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

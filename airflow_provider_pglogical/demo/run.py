@@ -18,15 +18,20 @@ Exit status 1 when any table differs.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sqlite3
 import time
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
 from airflow_provider_pglogical.engine.lake_catalog import latest_cut
+from airflow_provider_pglogical.engine.report import AckPoint, collect_report, render_html
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.formats.lake import local_lake
+from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
 
@@ -37,14 +42,26 @@ def say(message: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def asset_events(airflow_home: Path) -> list[tuple[str, int]]:
-    """(Asset URI, number of events) from the sandbox's metadata database (SQLite)."""
+def asset_events(airflow_home: Path) -> list[tuple[str, dict[str, Any], datetime]]:
+    """(Asset URI, event extra, timestamp) of every Asset event in the sandbox's metadata database."""
     with sqlite3.connect(airflow_home / "airflow.db") as db:
         rows = db.execute(
-            "SELECT a.uri, count(*) FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-            "GROUP BY a.uri ORDER BY 1"
+            "SELECT a.uri, e.extra, e.timestamp FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+            "ORDER BY e.id"
         ).fetchall()
-    return [(str(uri), int(count)) for uri, count in rows]
+    return [
+        (str(uri), json.loads(extra or "{}"), datetime.fromisoformat(str(stamp)).replace(tzinfo=UTC))
+        for uri, extra, stamp in rows
+    ]
+
+
+def write_report(dsn: str, lake: LakeConfig, root: Path, acks: list[AckPoint]) -> Path:
+    """The pipeline's HTML report (``pglogical report``), written while the source still runs."""
+    path = root / "report.html"
+    path.write_text(
+        render_html([collect_report(dsn, "shop_cdc", lake, publications=[PUBLICATION], acks=acks)])
+    )
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
             )[0]
             say(f"  batch applied and acknowledged in {result.seconds:.0f} s; slot lag now {lag} bytes")
         events = asset_events(root / "airflow")
-        say(f"Asset events in Airflow's metadata database: {sum(n for _, n in events)}")
-        for uri, count in events:
+        say(f"Asset events in Airflow's metadata database: {len(events)}")
+        for uri, count in sorted(Counter(uri for uri, _, _ in events).items()):
             say(f"  {count:3d}  {uri}")
+        cut_events = [(extra, stamp) for uri, extra, stamp in events if uri.startswith("pglogical://")]
+        acks = [ack for extra, stamp in cut_events if (ack := AckPoint.from_event(extra, stamp)) is not None]
         say("comparing every table with its source (pyiceberg)")
         results = compare_tables(pg.dsn("shop"), [PUBLICATION], lake)
+        report = write_report(pg.dsn("shop"), lake, root, acks)
     print()
     print(format_report(results))
     print()
@@ -111,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         f"lake: catalog {root / 'lake' / 'catalog.db'} (Iceberg JDBC on SQLite), "
         f"warehouse {root / 'lake' / 'warehouse'}"
     )
+    say(f"pipeline report (open in a browser): {report}")
     equal = all(r.equal for r in results)
     say("all tables equal their source" if equal else "SOME TABLES DIFFER")
-    cut_events = [n for uri, n in events if uri.startswith("pglogical://")]
     return 0 if equal and cut is not None and cut_events else 1

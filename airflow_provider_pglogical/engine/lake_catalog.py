@@ -95,15 +95,25 @@ def load_table(catalog: Any, config: LakeConfig, schema: str, table: str) -> Any
         return None
 
 
-def history(table: Any, snapshot_id: int | None = None) -> list[tuple[int, dict[str, str]]]:
-    """A branch's snapshots from ``snapshot_id`` (default: main's current), newest first."""
+def lineage(table: Any, snapshot_id: int | None = None) -> list[Any]:
+    """A branch's pyiceberg snapshots from ``snapshot_id`` (default: main's current), newest first."""
     snapshot = table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
     out = []
     while snapshot is not None:
-        out.append((snapshot.snapshot_id, dict(snapshot.summary.additional_properties)))
+        out.append(snapshot)
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
     return out
+
+
+def summary_of(snapshot: Any) -> dict[str, str]:
+    """A snapshot's summary properties (the pipeline's ``pgl.*`` keys and Iceberg's own)."""
+    return dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
+
+
+def history(table: Any, snapshot_id: int | None = None) -> list[tuple[int, dict[str, str]]]:
+    """A branch's snapshots from ``snapshot_id`` (default: main's current), newest first."""
+    return [(snapshot.snapshot_id, summary_of(snapshot)) for snapshot in lineage(table, snapshot_id)]
 
 
 def table_state(table: Any) -> TableState | None:
