@@ -1,13 +1,28 @@
-"""Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh database per test."""
+"""Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh database per test.
+
+Every Spark JVM the tests start (the in-process session, each ``spark-submit``, those of
+``airflow dags test`` runs) compiles with the client JIT only: the test jobs are short, and
+``-XX:TieredStopAtLevel=1`` cut a local spark-submit of an Iceberg MERGE from 10-13 s to 8.5 s
+here. It changes when the JVM compiles, not what it computes; a value the caller exported wins.
+"""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from airflow_provider_pglogical.testing import PostgresCluster
+
+SHORT_JVM_OPTS = "-XX:TieredStopAtLevel=1"
+
+
+def pytest_configure() -> None:
+    """Short-lived Spark JVMs: the driver's (``SPARK_SUBMIT_OPTS``) and spark-class's launcher's."""
+    for variable in ("SPARK_SUBMIT_OPTS", "SPARK_LAUNCHER_OPTS"):
+        os.environ.setdefault(variable, SHORT_JVM_OPTS)
 
 
 @pytest.fixture(scope="session")

@@ -1,13 +1,18 @@
 """Markers by place: every test under tests/integration/ needs a real server, so none can forget to say so.
 
 ``-m "not integration"`` then selects exactly tests/unit/ (tests/unit/test_markers.py checks it).
+Also the one in-process Spark session every integration directory shares.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
+
+from airflow_provider_pglogical.spark.session import local_session
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,3 +28,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
         if item.path.is_relative_to(HERE / "airflow"):
             item.add_marker(pytest.mark.airflow)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Iceberg session for the whole run (2 cores: keep it small; its start costs ~10 s).
+
+    Each test registers its own lake under its own catalog name (``register_lake``), so sharing it
+    shares no tables.
+    """
+    session = local_session("pglogical-tests")
+    yield session
+    session.stop()

@@ -1,7 +1,9 @@
 """A LATIN1 and a SQL_ASCII database end in the lake equal to their source (issue 13, item 6).
 
 Snapshot and one drained batch (inserts, an update, a delete; non-ASCII names and values) are
-applied by the real apply job, then ``verify.compare_tables`` compares the lake with the source.
+applied by the apply job's ``apply_manifest`` in the shared Spark session (the job spark-submit
+runs; ``spark-submit`` itself is exercised by test_cdc_pipeline and test_apply_batch, and here
+would cost ~25 s per apply), then ``verify.compare_tables`` compares the lake with the source.
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ from pathlib import Path
 import psycopg2
 import pytest
 from psycopg2 import sql
+from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.lake_catalog import read_table
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
+from airflow_provider_pglogical.formats.lake import local_lake
+from airflow_provider_pglogical.spark.apply_batch import apply_manifest
+from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import PostgresCluster
 from airflow_provider_pglogical.values.raw_text import raw_bytes
-from tests.integration.e2e.e2e_support import make_lake, spark_apply
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 TABLE = '"schéma"."tablé"'
@@ -33,7 +38,7 @@ VALUES = {
 
 @pytest.mark.parametrize("encoding", list(VALUES))
 def test_encoded_database_reaches_the_lake_equal(
-    pg_cluster: PostgresCluster, tmp_path: Path, encoding: str
+    pg_cluster: PostgresCluster, spark: SparkSession, tmp_path: Path, encoding: str
 ) -> None:
     db = f"l_{uuid.uuid4().hex[:10]}"
     pg_cluster.execute(
@@ -58,16 +63,18 @@ def test_encoded_database_reaches_the_lake_equal(
     run(f"CREATE PUBLICATION pub FOR TABLE {TABLE}".encode())
     for i, value in enumerate(values):
         run(b"INSERT INTO %s VALUES (%d, %s)" % (TABLE.encode(), i, literal(value)))
-    lake, _ = make_lake(tmp_path / "lake")
+    (tmp_path / "lake").mkdir()
+    lake = local_lake(str(tmp_path / "lake"), catalog=f"enc_{uuid.uuid4().hex[:8]}")
+    register_lake(spark, lake)
     dsn = pg_cluster.dsn(db)
     path, _ = take_snapshot(dsn, "encl", ["pub"], str(tmp_path / "staging"))
-    spark_apply(path, lake)
+    apply_manifest(spark, path, lake)
     for i, value in enumerate(values, start=10):
         run(b"INSERT INTO %s VALUES (%d, %s)" % (TABLE.encode(), i, literal(value)))
     run(b'UPDATE %s SET "colonne_\xc3\xb8" = %s WHERE id = 0' % (TABLE.encode(), literal(values[1])))
     run(b"DELETE FROM %s WHERE id = 2" % TABLE.encode())
     batch = drain_batch(dsn, DrainSettings("encl", ("pub",), str(tmp_path / "staging"), transport="stream"))
-    spark_apply(batch.manifest_uri, lake)
+    apply_manifest(spark, batch.manifest_uri, lake)
 
     results = compare_tables(dsn, ["pub"], lake)
     assert [r.table for r in results] == ["schéma.tablé"]

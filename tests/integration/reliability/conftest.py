@@ -1,4 +1,7 @@
-"""Fixtures of the reliability tests: a small file system a test can fill or make read-only, and Spark."""
+"""Fixtures of the reliability tests: a small file system a test can fill or make read-only.
+
+Their Spark session is the shared ``spark`` of tests/integration/conftest.py.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
-
-from airflow_provider_pglogical.spark.session import local_session
 
 
 def _remount(path: Path, options: str) -> None:
@@ -36,11 +36,3 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
 def remount() -> Callable[[Path, str], None]:
     """Remount a test's tmpfs with other options: ``remount(path, "size=256m")``, ``"ro"``."""
     return _remount
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """One local Iceberg session for the in-process steps of the crash soak (2 cores: keep it small)."""
-    session = local_session("pglogical-reliability-tests")
-    yield session
-    session.stop()

@@ -1,23 +1,15 @@
-"""One in-process local Spark session with Iceberg for the apply job's tests (2 cores: keep it small)."""
+"""A fresh lake per apply-job test in the shared Spark session (``spark``: tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.spark.session import local_session, register_lake
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    session = local_session("pglogical-apply-tests")
-    yield session
-    session.stop()
+from airflow_provider_pglogical.spark.session import register_lake
 
 
 @pytest.fixture
