@@ -18,14 +18,10 @@ Exit status 1 when any table differs.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import sqlite3
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
 from airflow_provider_pglogical.engine.lake_catalog import latest_cut
@@ -40,19 +36,6 @@ DAGS = Path(__file__).resolve().parents[2] / "dags_examples"  # the repository's
 
 def say(message: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def asset_events(airflow_home: Path) -> list[tuple[str, dict[str, Any], datetime]]:
-    """(Asset URI, event extra, timestamp) of every Asset event in the sandbox's metadata database."""
-    with sqlite3.connect(airflow_home / "airflow.db") as db:
-        rows = db.execute(
-            "SELECT a.uri, e.extra, e.timestamp FROM asset_event e JOIN asset a ON a.id = e.asset_id "
-            "ORDER BY e.id"
-        ).fetchall()
-    return [
-        (str(uri), json.loads(extra or "{}"), datetime.fromisoformat(str(stamp)).replace(tzinfo=UTC))
-        for uri, extra, stamp in rows
-    ]
 
 
 def write_report(dsn: str, lake: LakeConfig, root: Path, acks: list[AckPoint]) -> Path:
@@ -112,12 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                 "shop",
             )[0]
             say(f"  batch applied and acknowledged in {result.seconds:.0f} s; slot lag now {lag} bytes")
-        events = asset_events(root / "airflow")
+        events = sandbox.asset_events()
         say(f"Asset events in Airflow's metadata database: {len(events)}")
-        for uri, count in sorted(Counter(uri for uri, _, _ in events).items()):
+        for uri, count in sorted(Counter(event.uri for event in events).items()):
             say(f"  {count:3d}  {uri}")
-        cut_events = [(extra, stamp) for uri, extra, stamp in events if uri.startswith("pglogical://")]
-        acks = [ack for extra, stamp in cut_events if (ack := AckPoint.from_event(extra, stamp)) is not None]
+        cut_events = [event for event in events if event.uri.startswith("pglogical://")]
+        acks = [ack for e in cut_events if (ack := AckPoint.from_event(e.extra, e.timestamp)) is not None]
         say("comparing every table with its source (pyiceberg)")
         results = compare_tables(pg.dsn("shop"), [PUBLICATION], lake)
         report = write_report(pg.dsn("shop"), lake, root, acks)

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from airflow_provider_pglogical.errors import AirflowApiError, PostgresNotFoundError
-from airflow_provider_pglogical.testing.airflow_cli import AirflowSandbox, DagRunResult
+from airflow_provider_pglogical.testing.airflow_cli import AirflowSandbox, AssetEventRecord, DagRunResult
 from airflow_provider_pglogical.testing.airflow_services import AirflowServices, DagRunRecord, SchedulerResult
 from airflow_provider_pglogical.testing.postgres import PostgresCluster, find_postgres_bindir
 
@@ -23,6 +23,7 @@ __all__ = [
     "AirflowApiError",
     "AirflowSandbox",
     "AirflowServices",
+    "AssetEventRecord",
     "DagRunRecord",
     "DagRunResult",
     "PostgresCluster",

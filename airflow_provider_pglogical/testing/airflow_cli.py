@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import Any
 
 from airflow_provider_pglogical.testing.airflow_services import AirflowServices, SchedulerResult
 from airflow_provider_pglogical.testing.processes import run_merged_output
@@ -39,6 +41,17 @@ class DagRunResult:
                 f"airflow dags test {self.dag_id} exited {self.returncode}:\n{self.output[-6000:]}"
             )
         return self
+
+
+@dataclass(frozen=True)
+class AssetEventRecord:
+    """One Asset event as the metadata database holds it."""
+
+    uri: str
+    extra: dict[str, Any]
+    timestamp: datetime
+    source_dag_id: str | None
+    source_task_id: str | None
 
 
 class AirflowSandbox:
@@ -104,6 +117,25 @@ class AirflowSandbox:
         if result.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-4000:]}")
         self._migrated = True
+
+    def asset_events(self) -> list[AssetEventRecord]:
+        """Every Asset event in the sandbox's metadata database (SQLite, ``airflow.db`` of its home),
+        oldest first: what ``airflow dags test`` runs emitted, with no API server running."""
+        with sqlite3.connect(self.home / "airflow.db") as db:
+            rows = db.execute(
+                "SELECT a.uri, e.extra, e.timestamp, e.source_dag_id, e.source_task_id "
+                "FROM asset_event e JOIN asset a ON a.id = e.asset_id ORDER BY e.id"
+            ).fetchall()
+        return [
+            AssetEventRecord(
+                str(uri),
+                json.loads(extra or "{}"),
+                datetime.fromisoformat(str(stamp)).replace(tzinfo=UTC),
+                dag,
+                task,
+            )
+            for uri, extra, stamp, dag, task in rows
+        ]
 
     def dags_test(
         self,

@@ -3,7 +3,8 @@
 One pipeline on the demo shop schema, real PostgreSQL, real ``spark-submit`` in local mode, and
 Airflow's scheduler and API server (``AirflowServices`` with the job schedule on):
 
-1. the initial snapshot and a CDC run are triggered; a writer keeps committing orders, each with
+1. the initial snapshot is loaded (in the shared Spark session: the snapshot DAG's Asset events are
+   test_openlineage's), then a CDC run is triggered; a writer keeps committing orders, each with
    its order lines and a total equal to their sum, in one transaction, all the while;
 2. the CDC run's Asset events carry the batch's LSN window, cut tag and Iceberg snapshot ids;
 3. the scheduler queues ``pglogical_downstream_example`` because of the cut event, and that run
@@ -25,13 +26,18 @@ from typing import Any
 
 import psycopg2
 import pytest
+from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.assets import cut_asset, table_asset
 from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
-from airflow_provider_pglogical.formats.lake import tag_name
+from airflow_provider_pglogical.engine.snapshot import take_snapshot
+from airflow_provider_pglogical.formats.lake import local_lake, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.hooks.lake import connection_json
+from airflow_provider_pglogical.spark.apply_batch import apply_manifest
+from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from tests.integration.e2e.e2e_support import lake_state, make_lake
+from tests.integration.e2e.e2e_support import lake_state
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_assets"
@@ -150,13 +156,14 @@ def normalized(customers: dict[str, dict[str, Any]]) -> dict[str, tuple[int, Dec
 
 @pytest.mark.timeout(1200)
 def test_cdc_asset_events_schedule_the_downstream_dag_on_the_exact_cut(
-    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+    pg_cluster: PostgresCluster, pg_dbname: str, spark: SparkSession, tmp_path: Path
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
     shop = ShopWorkload(dsn, seed=22)
     shop.create_schema()
     shop.initial_load()
-    lake, lake_conn = make_lake(tmp_path / "lake")
+    lake = local_lake(str(tmp_path / "lake"), catalog="lake_assets")  # its own name in the shared session
+    lake_conn = connection_json(lake)
     sandbox = AirflowSandbox(
         tmp_path / "airflow",
         DAGS,
@@ -171,7 +178,10 @@ def test_cdc_asset_events_schedule_the_downstream_dag_on_the_exact_cut(
         "staging": str(tmp_path / "staging"), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
     }  # fmt: skip
     writer = Writer(dsn)
+    register_lake(spark, lake)
     with statsd_listener() as (port, stats), writing(writer):
+        snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
+        apply_manifest(spark, snapshot, lake)
         sandbox.extra_env.update(
             PGLOGICAL_DOWNSTREAM_CATALOG=lake.catalog,
             PGLOGICAL_DOWNSTREAM_SLOT=SLOT,

@@ -19,11 +19,12 @@ from typing import Any
 import jsonschema
 import pytest
 
+from airflow_provider_pglogical.assets import cut_asset, table_asset
 from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.lineage.facets import schema_of
 from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_pglogical.testing import AirflowSandbox, AssetEventRecord, PostgresCluster
 from tests.integration.e2e.e2e_support import make_lake
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
@@ -57,6 +58,7 @@ class Runs:
     source_namespace: str
     lake: LakeConfig
     acked: Lsn
+    assets: list[AssetEventRecord]
 
     def task_events(self, job: str, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["job"]["name"] == job and e["eventType"] == kind]
@@ -117,6 +119,7 @@ def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) 
             f"postgres://{pg_cluster.host}:{pg_cluster.port}",
             lake,
             acked,
+            sandbox.asset_events(),
         )
     finally:
         pg_cluster.drop_database(database)
@@ -230,3 +233,28 @@ def test_cdc_run_carries_the_lsn_window_and_the_cut(runs: Runs) -> None:
         ("iceberg://lake", "public.customers"),
     }
     assert [(d["namespace"], d["name"]) for d in ack["outputs"]] == [("pglogical://lake", SLOT)]
+
+
+def test_hostile_tables_get_their_own_asset_events(runs: Runs) -> None:
+    """The same runs' Asset events (Airflow's metadata database): one per table and load or batch,
+    under valid, distinct URIs however the tables are named, and the cut once acknowledged."""
+    hostile, customers = (
+        table_asset(runs.lake, *name).uri for name in ((SCHEMA, TABLE), ("public", "customers"))
+    )
+    assert hostile.isascii() and " " not in hostile and hostile != customers
+    by_task: dict[str, dict[str, dict[str, Any]]] = {}
+    for event in runs.assets:
+        by_task.setdefault(str(event.source_task_id), {})[event.uri] = event.extra
+    loads, applied = by_task["pglogical_snapshot.load"], by_task["pglogical_cdc.apply"]
+    assert set(loads) == set(applied) == {hostile, customers}
+    assert (loads[hostile]["kind"], loads[hostile]["rows_inserted"], loads[customers]["rows_inserted"]) == (
+        "snapshot",
+        4,
+        5,
+    )
+    assert loads[hostile]["table"] == f"{SCHEMA}.{TABLE}"
+    rows = {uri: (e["rows_inserted"], e["rows_updated"], e["rows_deleted"]) for uri, e in applied.items()}
+    assert rows == {hostile: (1, 0, 0), customers: (0, 1, 1)}  # id 11 is outside the row filter
+    (cut,) = by_task["pglogical_cdc.ack"].items()
+    assert cut[0] == cut_asset(runs.lake, SLOT).uri and Lsn.parse(cut[1]["lsn"]) == runs.acked
+    assert cut[1]["tag"] == tag_name(runs.acked) == applied[hostile]["tag"]
