@@ -199,7 +199,7 @@ def test_browser_shows_the_pipelines_real_numbers(deployment: Deployment) -> Non
         rows = {line.split("\t")[0]: line.split("\t") for line in shown.splitlines()[1:]}
         for table, lsn in applied.items():  # applied-end LSN and live row count, as the lake and source say
             assert (rows[table][1], int(rows[table][5])) == (lsn, counts[table]), (table, lsn, shown)
-        for chart in ("lag", "changes"):  # uPlot drew them (apply and latency need issue 22's keys)
+        for chart in ("lag", "changes", "apply", "latency"):  # uPlot drew them: the lake's and acks' numbers
             assert browser.evaluate(f"document.querySelectorAll('#p0-chart-{chart} canvas').length") >= 1
         text = browser.text()
         browser.screenshot(screenshot)
