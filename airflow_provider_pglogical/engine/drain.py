@@ -36,7 +36,6 @@ from airflow_provider_pglogical.engine.sequencing import (
 )
 from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.errors import (
-    RECOVERY_DAG,
     SlotActiveError,
     SlotLostError,
     SlotPluginError,
@@ -56,6 +55,7 @@ from airflow_provider_pglogical.replication import (
 )
 from airflow_provider_pglogical.replication.connection import ConnParams, read_raw_text, stores_raw_text
 from airflow_provider_pglogical.replication.raw_messages import RawMessages
+from airflow_provider_pglogical.replication.slots import invalidation_message
 from airflow_provider_pglogical.replication.transports import (
     PeekTransport,
     ReadResult,
@@ -293,12 +293,8 @@ class _Progress:
 
 def _check_slot(conn: Any, settings: DrainSettings) -> Lsn:
     slot = describe_slot(conn, settings.slot)
-    if slot.wal_status == "lost":
-        raise SlotLostError(
-            f"replication slot {settings.slot!r} was invalidated (wal_status = lost): the WAL it needed is "
-            f"gone and changes were lost. Run the {RECOVERY_DAG} DAG: it recreates the slot and reloads "
-            "every table."
-        )
+    if slot.invalidated:
+        raise SlotLostError(invalidation_message(slot))
     if slot.active:
         raise SlotActiveError(
             f"replication slot {settings.slot!r} is active (pid {slot.active_pid}): another drain or a "

@@ -55,6 +55,7 @@ from airflow_provider_pglogical.replication.connection import (
     connection_lost_detail,
     is_connection_loss,
 )
+from airflow_provider_pglogical.replication.features import FAILOVER_SLOTS, require, supports
 from airflow_provider_pglogical.replication.slots import (
     SNAPSHOT_HOLDER_OPTIONS,
     CreatedSlot,
@@ -126,6 +127,11 @@ class SnapshotRun:
     :param tables: a subset of the published tables (``schema.table``); all when None.
     :param slot_mode: ``"create"``, ``"temporary"`` or ``"recover"`` (see above).
     :param recreate_slot: ``"create"`` only: drop an existing slot of that name first.
+    :param failover: create the slot as a failover slot, which a standby with
+        ``sync_replication_slots`` keeps a copy of so that the pipeline survives a promotion
+        (docs/FAILOVER.md). ``None`` (the default): on where the server has them (PostgreSQL 17+);
+        ``True`` on an older server raises ``ServerFeatureError``. A re-snapshot's temporary slot
+        is never one (the pipeline's own slot keeps its setting).
     :param progress_interval: seconds between progress log lines and holder checks.
     :param on_progress: called with :class:`SnapshotProgress` at each phase and interval.
     """
@@ -140,6 +146,7 @@ class SnapshotRun:
         tables: Sequence[str] | None = None,
         slot_mode: SlotMode = "create",
         recreate_slot: bool = False,
+        failover: bool | None = None,
         parallelism: int = DEFAULT_PARALLELISM,
         range_bytes: int = DEFAULT_RANGE_BYTES,
         min_range_bytes: int = DEFAULT_MIN_RANGE_BYTES,
@@ -157,6 +164,7 @@ class SnapshotRun:
         self.tables = tuple(tables) if tables else None
         self.slot_mode = slot_mode
         self.recreate_slot = recreate_slot
+        self.failover = failover
         self.parallelism = max(1, parallelism)
         self.range_bytes = range_bytes
         self.min_range_bytes = min_range_bytes
@@ -217,10 +225,14 @@ class SnapshotRun:
         self._holder_pid = self._holder.get_backend_pid()
         temporary = self.slot_mode == "temporary"
         exporter = temporary_slot_name(self.slot, self._holder_pid) if temporary else self.slot
-        self.created = create_slot_with_snapshot(self._holder, exporter, temporary=temporary)
+        failover = not temporary and self._wants_failover()
+        self.created = create_slot_with_snapshot(
+            self._holder, exporter, temporary=temporary, failover=failover
+        )
         log.info(
-            "created %sslot %s at consistent point %s, exported snapshot %s",
-            "temporary " if temporary else "", exporter, self.consistent_point, self.snapshot_name,
+            "created %s%sslot %s at consistent point %s, exported snapshot %s",
+            "temporary " if temporary else "", "failover " if failover else "", exporter,
+            self.consistent_point, self.snapshot_name,
         )  # fmt: skip
         if not temporary:
             # A re-snapshot may run beside another one: it removes only what it staged itself.
@@ -245,6 +257,14 @@ class SnapshotRun:
         self._report("planned", CopyCounters(), 0.0, force=True)
         return self.plan
 
+    def _wants_failover(self) -> bool:
+        """``failover`` resolved against the server: ``None`` means "where available"."""
+        if self.failover is None:
+            return supports(self._catalog, FAILOVER_SLOTS)
+        if self.failover:
+            require(self._catalog, FAILOVER_SLOTS)
+        return self.failover
+
     def _prepare_slot(self) -> None:
         try:
             existing = describe_slot(self._catalog, self.slot)
@@ -256,22 +276,25 @@ class SnapshotRun:
                 ) from None
             return
         if self.slot_mode == "temporary":
-            if existing.wal_status == "lost":
+            if existing.invalidated:
                 raise SlotLostError(
-                    f"replication slot {self.slot!r} has lost WAL it had not delivered (wal_status = "
-                    f"lost): re-snapshotting some tables cannot repair the others; run the {RECOVERY_DAG} "
-                    "DAG, which recreates the slot and reloads every table"
+                    f"replication slot {self.slot!r} was invalidated ({existing.invalidation_reason}): it "
+                    "cannot deliver its changes any more: re-snapshotting some tables cannot repair the "
+                    f"others; run the {RECOVERY_DAG} DAG, which recreates the slot and reloads every table"
                 )
             return
         if self.slot_mode == "recover":
-            if existing.wal_status != "lost":
+            if not existing.invalidated:
                 raise SlotExistsError(
                     f"replication slot {self.slot!r} exists and is healthy (wal_status = "
                     f"{existing.wal_status}, confirmed up to {existing.confirmed_flush_lsn}): there is "
                     "nothing to recover. To reload tables while it runs, re-snapshot them "
                     "(pglogical_backfill_tables)."
                 )
-            log.warning("slot %s lost its WAL: dropping it to recreate it and reload every table", self.slot)
+            log.warning(
+                "slot %s was invalidated (%s): dropping it to recreate it and reload every table",
+                self.slot, existing.invalidation_reason,
+            )  # fmt: skip
             drop_slot(self._catalog, self.slot)
             return
         if not self.recreate_slot:
