@@ -12,6 +12,7 @@ fix; on the primary, gaps that only matter once a standby exists are warnings.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,9 +21,13 @@ from airflow_provider_pglogical.errors import (
     PrerequisiteError,
     ServerFeatureError,
     SlotNotFoundError,
+    StandbyPromotedError,
 )
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication.features import FAILOVER_SLOTS, FEATURES, STANDBY_DECODING
 from airflow_provider_pglogical.replication.slots import SlotInfo, describe_slot, invalidation_message
+
+log = logging.getLogger(__name__)
 
 _RELOAD = "SELECT pg_reload_conf();"
 _SETTINGS_SQL = """
@@ -189,3 +194,67 @@ def inspect_failover(conn: Any, slot_name: str | None = None) -> FailoverReport:
         in_recovery, version, feedback, primary_slot or None, sync_slots, standby_slots or None,
         has_dbname if in_recovery else None, slot_name, slot,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the drain's window
+
+
+# On a hot standby (PostgreSQL 16+ decodes there) the WAL that can be decoded is what was replayed.
+_FLUSHED_SQL = (
+    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+    "ELSE pg_current_wal_flush_lsn() END)::text"
+)
+
+
+# The standbys a failover slot must not get ahead of: the physical slots named in
+# synchronized_standby_slots (PostgreSQL 17+; NULL before), their flushed positions, and how many
+# of them are missing or never connected.
+_STANDBYS_SQL = """
+SELECT count(*), min(s.restart_lsn)::text, count(*) FILTER (WHERE s.restart_lsn IS NULL)
+FROM unnest(string_to_array(nullif(current_setting('synchronized_standby_slots', true), ''), ',')) AS n(name)
+LEFT JOIN pg_replication_slots s ON s.slot_name = btrim(n.name) AND s.slot_type = 'physical'
+"""
+
+
+def standbys_flushed(conn: Any, start: Lsn) -> Lsn | None:
+    """How far every standby of ``synchronized_standby_slots`` has flushed, or ``None`` if none is named.
+
+    PostgreSQL holds a failover slot's own consumers back the same way; the peek reads a temporary
+    copy of the slot, which it does not hold back, so the drain bounds itself. A standby that is
+    named but missing or never connected holds the batch at ``start`` (an empty batch), as it holds
+    PostgreSQL's own consumers back.
+    """
+    with conn.cursor() as cur:
+        cur.execute(_STANDBYS_SQL)
+        named, flushed, unknown = cur.fetchone()
+    if not named:
+        return None
+    if unknown or flushed is None:
+        log.warning(
+            "a standby named in synchronized_standby_slots has no position (missing slot, or never "
+            "connected): the batch waits at %s for it, as PostgreSQL's own failover-slot consumers do",
+            start,
+        )
+        return start
+    return Lsn.parse(flushed)
+
+
+def decodable_end(conn: Any) -> Lsn:
+    """The end of the WAL a slot can decode now: flushed on a primary, replayed on a standby."""
+    with conn.cursor() as cur:
+        cur.execute(_FLUSHED_SQL)
+        return Lsn.parse(cur.fetchone()[0])
+
+
+def check_not_promoted(conn: Any, slot: str, start: Lsn) -> None:
+    """Refuse a batch read from a standby that was promoted meanwhile (its window crossed the switch)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_is_in_recovery()")
+        still_standby = bool(cur.fetchone()[0])
+    if not still_standby:
+        raise StandbyPromotedError(
+            f"the standby holding replication slot {slot!r} was promoted to primary while this drain read "
+            f"it: nothing was staged and the slot did not move (still at {start}). Run the drain again: it "
+            "reads the same position from the promoted server. If the pipeline should follow the old "
+            "primary's own slot instead, point its connection there (docs/FAILOVER.md)."
+        )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import time
 from collections.abc import Mapping
 
 from psycopg2 import sql
@@ -144,6 +145,19 @@ class PostgresStandby(PostgresCluster):
             dbname,
         )
         return bool(rows and rows[0][0])
+
+    def wait_slot_sync_ready(self, slot: str, dbname: str, timeout: float = 10.0) -> bool:
+        """Poll :meth:`slot_sync_ready` for up to ``timeout`` seconds; whether it became true.
+
+        The slot sync worker naps between rounds (up to 30 s while nothing changes), so a copy
+        catches up with the primary's last acknowledgement a moment after it.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.slot_sync_ready(slot, dbname):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     def promote(self, timeout: int = 60) -> None:
         """``pg_ctl promote``: end recovery; this server then accepts writes on a new timeline."""

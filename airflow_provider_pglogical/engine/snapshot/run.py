@@ -40,6 +40,7 @@ from airflow_provider_pglogical.engine.snapshot.spark_engine import collect_stag
 from airflow_provider_pglogical.engine.staging import DEFAULT_MAX_FILE_BYTES, StagingLocation
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
+    ServerFeatureError,
     SlotActiveError,
     SlotExistsError,
     SlotLostError,
@@ -258,11 +259,23 @@ class SnapshotRun:
         return self.plan
 
     def _wants_failover(self) -> bool:
-        """``failover`` resolved against the server: ``None`` means "where available"."""
+        """``failover`` resolved against the server: ``None`` means "where available".
+
+        A slot created on a standby cannot be a failover slot: only a primary's are synchronized.
+        """
+        with self._catalog.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery()")
+            on_standby = bool(cur.fetchone()[0])
         if self.failover is None:
-            return supports(self._catalog, FAILOVER_SLOTS)
+            return supports(self._catalog, FAILOVER_SLOTS) and not on_standby
         if self.failover:
             require(self._catalog, FAILOVER_SLOTS)
+            if on_standby:
+                raise ServerFeatureError(
+                    f"slot {self.slot!r} cannot be a failover slot: this server is a standby, and only a "
+                    "primary's slots are synchronized to standbys. Take the snapshot on the primary, or "
+                    "pass failover=False to keep the slot on this standby."
+                )
         return self.failover
 
     def _prepare_slot(self) -> None:
