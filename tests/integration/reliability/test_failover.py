@@ -57,6 +57,17 @@ def pair() -> Iterator[tuple[PostgresCluster, PostgresStandby]]:
         yield primary, standby
 
 
+@pytest.fixture
+def shop(pair: tuple[PostgresCluster, PostgresStandby]) -> ShopWorkload:
+    """The demo's shop schema, loaded, in database ``shop`` of the primary."""
+    primary, _ = pair
+    primary.execute("CREATE DATABASE shop")
+    workload = ShopWorkload(primary.dsn("shop"), seed=23)
+    workload.create_schema()
+    workload.initial_load()
+    return workload
+
+
 class Writer(threading.Thread):
     """Commits shop transactions on the primary until stopped, or until the primary dies under it."""
 
@@ -137,13 +148,9 @@ def check(dsn: str, *args: str) -> dict[str, object]:
 
 @pytest.mark.timeout(600)
 def test_cdc_continues_on_the_promoted_standby_without_a_resnapshot(
-    pair: tuple[PostgresCluster, PostgresStandby], spark: SparkSession, tmp_path: Path
+    pair: tuple[PostgresCluster, PostgresStandby], shop: ShopWorkload, spark: SparkSession, tmp_path: Path
 ) -> None:
     primary, standby = pair
-    primary.execute("CREATE DATABASE shop")
-    shop = ShopWorkload(primary.dsn("shop"), seed=23)
-    shop.create_schema()
-    shop.initial_load()
     pipeline = Pipeline(spark, primary.dsn("shop"), tmp_path)
     pipeline.snapshot()
     conn = connect(primary.dsn("shop"))
@@ -195,13 +202,9 @@ def test_cdc_continues_on_the_promoted_standby_without_a_resnapshot(
 
 @pytest.mark.timeout(300)
 def test_a_slot_not_yet_sync_ready_at_promotion_is_reported_with_the_fix(
-    pair: tuple[PostgresCluster, PostgresStandby], tmp_path: Path
+    pair: tuple[PostgresCluster, PostgresStandby], shop: ShopWorkload, tmp_path: Path
 ) -> None:
     primary, standby = pair
-    primary.execute("CREATE DATABASE shop")
-    shop = ShopWorkload(primary.dsn("shop"), seed=5)
-    shop.create_schema()
-    shop.initial_load()
     take_snapshot(primary.dsn("shop"), SLOT, [PUBLICATION], str(tmp_path / "staging"))
     standby.wait_replayed()
     report = check(standby.dsn("shop"), "--slot", SLOT)
