@@ -30,14 +30,16 @@ from airflow_provider_pglogical.replication.slots import SlotInfo, describe_slot
 log = logging.getLogger(__name__)
 
 _RELOAD = "SELECT pg_reload_conf();"
+# Read through pg_settings: a setting missing from this major, or hidden from this role
+# (primary_conninfo is for superusers and pg_read_all_settings), reads as NULL instead of failing.
 _SETTINGS_SQL = """
 SELECT pg_is_in_recovery(),
        current_setting('server_version_num')::int,
-       current_setting('hot_standby_feedback'),
-       current_setting('primary_slot_name', true),
-       current_setting('sync_replication_slots', true),
-       current_setting('synchronized_standby_slots', true),
-       current_setting('primary_conninfo', true)
+       (SELECT setting FROM pg_settings WHERE name = 'hot_standby_feedback'),
+       (SELECT setting FROM pg_settings WHERE name = 'primary_slot_name'),
+       (SELECT setting FROM pg_settings WHERE name = 'sync_replication_slots'),
+       (SELECT setting FROM pg_settings WHERE name = 'synchronized_standby_slots'),
+       (SELECT setting FROM pg_settings WHERE name = 'primary_conninfo')
 """
 
 
@@ -47,7 +49,7 @@ class FailoverReport:
 
     in_recovery: bool
     server_version_num: int
-    hot_standby_feedback: str
+    hot_standby_feedback: str | None
     primary_slot_name: str | None
     sync_replication_slots: str | None
     synchronized_standby_slots: str | None
