@@ -31,6 +31,18 @@ class ServerVersionError(PrerequisiteError):
     """The server is older than the oldest version this package supports."""
 
 
+class ServerFeatureError(ServerVersionError):
+    """A requested feature needs a newer PostgreSQL major than the server's (``replication/features.py``)."""
+
+
+class FailoverNotReadyError(PrerequisiteError):
+    """A standby lacks what failover slots need, or the pipeline's slot is not sync-ready on it."""
+
+
+class StandbyPromotedError(PgLogicalError):
+    """The standby a drain was reading was promoted to primary while the drain ran."""
+
+
 class PublicationNotFoundError(PgLogicalError):
     """A publication named by the user does not exist in the database."""
 

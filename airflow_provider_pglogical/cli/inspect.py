@@ -13,25 +13,37 @@ from airflow_provider_pglogical.cli.common import (
     print_rows,
 )
 from airflow_provider_pglogical.replication import describe_publications, list_slots
+from airflow_provider_pglogical.replication.failover import inspect_failover
 from airflow_provider_pglogical.replication.preflight import inspect_prerequisites
 from airflow_provider_pglogical.replication.publications import published_tables
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """Print the preflight facts and every unmet prerequisite; exit 1 when any is unmet."""
+    """Print the preflight facts and every unmet prerequisite; exit 1 when any is unmet.
+
+    The failover part (``replication/failover.py``) says, on a standby, what keeps ``--slot``
+    from surviving a promotion and, on a primary, what makes its standby copy unsafe.
+    """
     with open_connection(args) as conn:
         report = inspect_prerequisites(conn)
-    problems = report.problems()
-    warnings = report.warnings()
+        failover = inspect_failover(conn, args.slot)
+    problems = [*report.problems(), *failover.problems()]
+    warnings = [*report.warnings(), *failover.warnings()]
+    facts = report.as_dict()
+    facts.update(
+        {key: value for key, value in failover.as_dict().items() if key not in ("slot", "slot_name")}
+    )
+    if failover.slot is not None:
+        slot = failover.slot
+        facts.update(
+            slot=slot.slot_name, slot_failover=slot.failover, slot_synced=slot.synced,
+            slot_temporary=slot.temporary, slot_invalidation_reason=slot.invalidation_reason,
+        )  # fmt: skip
     if args.json:
-        print(
-            json.dumps(
-                {**report.as_dict(), "problems": [str(p) for p in problems], "warnings": warnings}, indent=2
-            )
-        )
+        print(json.dumps({**facts, "problems": [str(p) for p in problems], "warnings": warnings}, indent=2))
     else:
-        for key, value in report.as_dict().items():
-            print(f"{key:24} {value}")
+        for key, value in facts.items():
+            print(f"{key:28} {value}")
         for warning in warnings:
             print(f"WARN {warning}")
         for problem in problems:
@@ -105,6 +117,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_connection_arguments(check)
     add_output_arguments(check)
+    check.add_argument(
+        "--slot", help="the pipeline's slot: on a standby, is it synchronized and ready for a promotion?"
+    )
     check.set_defaults(func=run_check)
 
     slots = subparsers.add_parser("slots", help="list replication slots")

@@ -37,7 +37,6 @@ from airflow_provider_pglogical.engine.sequencing import (
 )
 from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
 from airflow_provider_pglogical.errors import (
-    RECOVERY_DAG,
     SlotActiveError,
     SlotLostError,
     SlotPluginError,
@@ -56,7 +55,14 @@ from airflow_provider_pglogical.replication import (
     hold_drain_lock,
 )
 from airflow_provider_pglogical.replication.connection import ConnParams, read_raw_text, stores_raw_text
+from airflow_provider_pglogical.replication.failover import (
+    check_not_promoted,
+    decodable_end,
+    standbys_flushed,
+)
+from airflow_provider_pglogical.replication.features import PROTOCOL_4, require
 from airflow_provider_pglogical.replication.raw_messages import RawMessages
+from airflow_provider_pglogical.replication.slots import SlotInfo, invalidation_message
 from airflow_provider_pglogical.replication.transports import (
     PeekTransport,
     ReadResult,
@@ -83,6 +89,9 @@ class DrainSettings:
         batches; it reads a temporary copy of the slot in a few calls, see
         ``replication/peek_calls.py``) or ``"stream"`` (``START_REPLICATION`` protocol 2 with
         ``streaming on``).
+    :param streaming: the stream transport's ``streaming`` mode: ``"on"`` (protocol 2) or
+        ``"parallel"`` (protocol 4, PostgreSQL 16+; its Stream Abort carries the abort's LSN and
+        time). Either way in-progress transactions count only at their commit.
     :param max_messages: stop at the first commit after this many pgoutput messages.
     :param max_bytes: bound the WAL window read to this many bytes after the start.
     :param max_memory_bytes: the drain's memory budget, whatever the transaction sizes (default
@@ -100,6 +109,7 @@ class DrainSettings:
     publications: tuple[str, ...]
     staging: str
     transport: Transport = "peek"
+    streaming: Literal["on", "parallel"] = "on"
     max_messages: int | None = 1_000_000
     max_bytes: int | None = None
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
@@ -296,14 +306,11 @@ class _Progress:
             )  # fmt: skip
 
 
-def _check_slot(conn: Any, settings: DrainSettings) -> Lsn:
+def _check_slot(conn: Any, settings: DrainSettings) -> SlotInfo:
+    """The slot, once it is known to be drainable (it may live on a hot standby, PostgreSQL 16+)."""
     slot = describe_slot(conn, settings.slot)
-    if slot.wal_status == "lost":
-        raise SlotLostError(
-            f"replication slot {settings.slot!r} was invalidated (wal_status = lost): the WAL it needed is "
-            f"gone and changes were lost. Run the {RECOVERY_DAG} DAG: it recreates the slot and reloads "
-            "every table."
-        )
+    if slot.invalidated:
+        raise SlotLostError(invalidation_message(slot))
     if slot.active:
         raise SlotActiveError(
             f"replication slot {settings.slot!r} is active (pid {slot.active_pid}): another drain or a "
@@ -314,13 +321,19 @@ def _check_slot(conn: Any, settings: DrainSettings) -> Lsn:
             f"slot {settings.slot!r} is not a pgoutput logical slot (plugin {slot.plugin!r})"
         )
     describe_publications(conn, settings.publications)  # raises PublicationNotFoundError
-    return slot.confirmed_flush_lsn
+    return slot
 
 
-def _bound(conn: Any, start: Lsn, max_bytes: int | None) -> Lsn:
-    with conn.cursor() as cur:
-        cur.execute("SELECT pg_current_wal_flush_lsn()::text")
-        flushed = Lsn.parse(cur.fetchone()[0])
+def _bound(conn: Any, start: Lsn, max_bytes: int | None, *, failover: bool = False) -> Lsn:
+    """Where the batch ends: the WAL flushed (replayed on a standby), capped by ``max_bytes``.
+
+    A failover slot's batch also stops where its standbys have flushed, so that the lake never
+    holds a change a promoted standby does not have.
+    """
+    flushed = decodable_end(conn)
+    standbys = standbys_flushed(conn, start) if failover else None
+    if standbys is not None:
+        flushed = min(flushed, standbys)
     if max_bytes is not None:
         flushed = min(flushed, Lsn(start + max_bytes))
     return max(flushed, start)
@@ -351,7 +364,9 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
     location = StagingLocation.resolve(settings.staging)
     conn = connect(params)
     try:
-        start = _check_slot(conn, settings)
+        slot = _check_slot(conn, settings)
+        start = slot.confirmed_flush_lsn
+        assert start is not None  # _check_slot refuses a slot without one
         hold_drain_lock(conn, settings.slot)
         batch_id = change_batch_id(start)
         batch_dir = location.batch_dir(settings.slot, batch_id)
@@ -366,13 +381,15 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
             # it would end every later drain at the same LSN, so the slot would never move again.
             location.delete_dir(batch_dir)
             _prepare_staging(location, settings.slot, batch_id)
-        bound = _bound(conn, start, settings.max_bytes)
+        bound = _bound(conn, start, settings.max_bytes, failover=slot.failover)
         log.info("draining slot %s from %s up to %s via %s", settings.slot, start, bound, settings.transport)
         started = time.monotonic()
         stager = _Stager(location, batch_dir)
         try:
             result, decoded_end = _read_and_stage(params, conn, settings, start, bound, stager)
             tables = record_catalog_facts(conn, location, batch_dir, stager.close())
+            if slot.in_recovery:
+                check_not_promoted(conn, settings.slot, start)
         except BaseException:
             stager.abort()
             location.delete_dir(batch_dir)
@@ -422,7 +439,11 @@ def _chunks(
     repl = connect_replication(params)
     try:
         read_raw_text(repl)
-        options = plugin_options(settings.publications, proto_version=2, streaming=True)
+        if settings.streaming == "parallel":
+            require(repl, PROTOCOL_4)
+            options = plugin_options(settings.publications, proto_version=4, streaming="parallel")
+        else:
+            options = plugin_options(settings.publications, proto_version=2, streaming=True)
         transport = StreamingTransport(repl, chunk_messages=settings.chunk_messages, chunk_bytes=chunk_bytes)
         yield from transport.read(
             settings.slot, options, start_lsn=start, upto_lsn=bound, max_messages=settings.max_messages,

@@ -118,7 +118,8 @@ def compare_tables(
     slot = f"pglogical_verify_{uuid.uuid4().hex[:12]}"
     staging = scratch or tempfile.mkdtemp(prefix="pglogical-verify-")
     try:
-        path, manifest = take_snapshot(conn_params, slot, publications, staging)
+        # A throwaway slot: no standby needs a copy of it.
+        path, manifest = take_snapshot(conn_params, slot, publications, staging, failover=False)
     finally:
         conn = connect(conn_params)
         try:

@@ -24,6 +24,7 @@ from airflow_provider_pglogical.errors import (
     SlotNotFoundError,
 )
 from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_pglogical.replication.features import FAILOVER_SLOTS, require
 
 OUTPUT_PLUGIN = "pgoutput"
 SNAPSHOT_HOLDER_OPTIONS = "-c idle_in_transaction_session_timeout=0"
@@ -68,6 +69,15 @@ class SlotInfo:
     safe_wal_size: int | None
     two_phase: bool
     current_wal_lsn: Lsn
+    failover: bool = False
+    synced: bool = False
+    invalidation_reason: str | None = None
+    in_recovery: bool = False
+
+    @property
+    def invalidated(self) -> bool:
+        """Whether the server invalidated the slot: it can never be read again."""
+        return self.invalidation_reason is not None or self.wal_status == "lost"
 
     @property
     def lag_bytes(self) -> int | None:
@@ -92,20 +102,54 @@ class SlotInfo:
         return data
 
 
+# Why the server invalidated a slot (pg_replication_slots.invalidation_reason) -> how to prevent it.
+INVALIDATION_FIXES: dict[str, str] = {
+    "wal_removed": "the WAL it still needed was removed (max_slot_wal_keep_size was exceeded): drain more "
+    "often, or raise max_slot_wal_keep_size",
+    "rows_removed": "the primary removed catalog rows the slot still needed (a slot on a standby): set "
+    "hot_standby_feedback = on on the standby and give it a physical slot on the primary "
+    "(primary_slot_name)",
+    "wal_level_insufficient": "wal_level on the primary was lowered below 'logical': run \"ALTER SYSTEM "
+    "SET wal_level = 'logical';\" on the primary and restart it",
+    "idle_timeout": "the slot was idle longer than idle_replication_slot_timeout: schedule the pipeline "
+    'more often than that timeout, or raise it ("ALTER SYSTEM SET idle_replication_slot_timeout = 0;" '
+    "turns it off)",
+}
+
+
+def invalidation_message(slot: SlotInfo) -> str:
+    """What an invalidated slot means, why the server invalidated it, and the fix for that reason."""
+    reason = slot.invalidation_reason or "wal_removed"
+    why = INVALIDATION_FIXES.get(reason, f"the server gave the reason {reason!r}")
+    return (
+        f"replication slot {slot.slot_name!r} was invalidated (invalidation_reason = {reason}, wal_status = "
+        f"{slot.wal_status}) and cannot be read again: changes were lost. Cause: {why}. Then run the "
+        f"{RECOVERY_DAG} DAG: it recreates the slot and reloads every table."
+    )
+
+
 def _lsn(value: str | None) -> Lsn | None:
     return None if value is None else Lsn.parse(value)
 
 
-def create_slot_with_snapshot(repl_conn: Any, name: str, *, temporary: bool = False) -> CreatedSlot:
+def create_slot_with_snapshot(
+    repl_conn: Any, name: str, *, temporary: bool = False, failover: bool = False
+) -> CreatedSlot:
     """``CREATE_REPLICATION_SLOT … LOGICAL pgoutput (SNAPSHOT 'export')`` on a replication connection.
 
     The exported snapshot stays importable (``SET TRANSACTION SNAPSHOT``) only while
     ``repl_conn`` stays open and runs no other command: the caller keeps it idle for the
-    whole copy. A temporary slot disappears with the connection.
+    whole copy. A temporary slot disappears with the connection. ``failover`` (PostgreSQL 17+,
+    never temporary) lets a standby with ``sync_replication_slots`` keep a copy of the slot.
     """
     validate_slot_name(name)
-    command = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export')").format(
-        sql.Identifier(name), sql.SQL("TEMPORARY " if temporary else ""), sql.Identifier(OUTPUT_PLUGIN)
+    if failover:
+        require(repl_conn, FAILOVER_SLOTS)
+    command = sql.SQL("CREATE_REPLICATION_SLOT {} {}LOGICAL {} (SNAPSHOT 'export'{})").format(
+        sql.Identifier(name),
+        sql.SQL("TEMPORARY " if temporary else ""),
+        sql.Identifier(OUTPUT_PLUGIN),
+        sql.SQL(", FAILOVER true" if failover else ""),
     )
     try:
         with repl_conn.cursor() as cur:
@@ -118,26 +162,42 @@ def create_slot_with_snapshot(repl_conn: Any, name: str, *, temporary: bool = Fa
     return CreatedSlot(slot_name, Lsn.parse(consistent_point), snapshot_name, plugin)
 
 
-def create_slot(conn: Any, name: str, *, temporary: bool = False, two_phase: bool = False) -> CreatedSlot:
-    """Create a pgoutput slot through SQL (no exported snapshot); its stream starts now."""
+def create_slot(
+    conn: Any, name: str, *, temporary: bool = False, two_phase: bool = False, failover: bool = False
+) -> CreatedSlot:
+    """Create a pgoutput slot through SQL (no exported snapshot); its stream starts now.
+
+    ``failover`` needs PostgreSQL 17 (``ServerFeatureError`` before).
+    """
     validate_slot_name(name)
+    query = "SELECT slot_name, lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)"
+    arguments: tuple[Any, ...] = (name, OUTPUT_PLUGIN, temporary, two_phase)
+    if failover:  # the fifth argument arrived with failover slots (PostgreSQL 17)
+        require(conn, FAILOVER_SLOTS)
+        query = "SELECT slot_name, lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s, %s)"
+        arguments += (True,)
     try:
         with conn.cursor() as cur:
-            cur.execute(
-                "SELECT slot_name, lsn::text FROM pg_create_logical_replication_slot(%s, %s, %s, %s)",
-                (name, OUTPUT_PLUGIN, temporary, two_phase),
-            )
+            cur.execute(query, arguments)
             slot_name, lsn = cur.fetchone()
     except psycopg2.errors.DuplicateObject as exc:
         raise SlotExistsError(f"replication slot {name!r} already exists") from exc
     return CreatedSlot(slot_name, Lsn.parse(lsn), None, OUTPUT_PLUGIN)
 
 
+# failover, synced and invalidation_reason arrived in PostgreSQL 17, conflicting in 16: read through
+# to_jsonb so that one query serves 15 to 18 (a missing column reads as NULL).
 SLOTS_QUERY = """
 SELECT slot_name::text, plugin::text, slot_type, database::text, temporary, active, active_pid,
        restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size, two_phase,
-       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text
-FROM pg_replication_slots
+       (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text,
+       coalesce((to_jsonb(s) ->> 'failover')::boolean, false),
+       coalesce((to_jsonb(s) ->> 'synced')::boolean, false),
+       coalesce(to_jsonb(s) ->> 'invalidation_reason',
+                CASE WHEN (to_jsonb(s) ->> 'conflicting')::boolean THEN 'rows_removed'
+                     WHEN wal_status = 'lost' THEN 'wal_removed' END),
+       pg_is_in_recovery()
+FROM pg_replication_slots s
 """
 
 
@@ -156,10 +216,14 @@ def slot_info_from_row(row: tuple[Any, ...]) -> SlotInfo:
         safe,
         two_phase,
         now,
+        failover,
+        synced,
+        reason,
+        in_recovery,
     ) = row
     return SlotInfo(
         name, plugin, slot_type, database, temporary, active, pid, _lsn(restart), _lsn(confirmed),
-        wal_status, safe, two_phase, Lsn.parse(now),
+        wal_status, safe, two_phase, Lsn.parse(now), failover, synced, reason, in_recovery,
     )  # fmt: skip
 
 
@@ -185,7 +249,9 @@ def describe_slot(conn: Any, name: str) -> SlotInfo:
             f"(its slots: {', '.join(existing) or 'none'}). "
             "A new pipeline creates it with the initial snapshot (pglogical_initial_snapshot); if a "
             f"running pipeline's slot was dropped, run the {RECOVERY_DAG} DAG, which recreates it and "
-            "reloads every table."
+            "reloads every table. If this server was promoted from a standby, the slot was not a "
+            "sync-ready failover slot there at the promotion ('pglogical check --slot' on a standby "
+            f"says so beforehand): run the {RECOVERY_DAG} DAG against this server."
         )
     return slot_info_from_row(row)
 
@@ -207,11 +273,8 @@ def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
     with specific errors.
     """
     slot = describe_slot(conn, name)
-    if slot.wal_status == "lost":
-        raise SlotLostError(
-            f"replication slot {name!r} was invalidated (wal_status = lost): the WAL it needed was removed. "
-            f"Run the {RECOVERY_DAG} DAG: it recreates the slot and reloads every table."
-        )
+    if slot.invalidated:
+        raise SlotLostError(invalidation_message(slot))
     if slot.confirmed_flush_lsn is not None and lsn <= slot.confirmed_flush_lsn:
         return slot.confirmed_flush_lsn
     try:

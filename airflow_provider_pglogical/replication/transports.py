@@ -89,9 +89,12 @@ class ReadResult:
 
 def plugin_options(
     publications: Sequence[str], *, proto_version: int = 1, binary: bool = False, messages: bool = False,
-    streaming: bool = False,
+    streaming: bool | str = False,
 ) -> list[tuple[str, str]]:  # fmt: skip
-    """pgoutput's options as name/value pairs, in the order the server expects none of."""
+    """pgoutput's options as name/value pairs, in the order the server expects none of.
+
+    ``streaming`` is ``True`` (``on``, protocol 2+) or ``"parallel"`` (protocol 4, PostgreSQL 16+).
+    """
     options = [
         ("proto_version", str(proto_version)),
         ("publication_names", publication_names_option(publications)),
@@ -101,7 +104,7 @@ def plugin_options(
     if messages:
         options.append(("messages", "true"))
     if streaming:
-        options.append(("streaming", "on"))
+        options.append(("streaming", "on" if streaming is True else str(streaming)))
     return options
 
 

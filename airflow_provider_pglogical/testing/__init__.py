@@ -1,6 +1,7 @@
 """The public test kit: real PostgreSQL and real Airflow for tests of CDC pipelines, ours and our users'.
 
-:mod:`.postgres` runs a throwaway PostgreSQL cluster (:class:`PostgresCluster`);
+:mod:`.postgres` runs a throwaway PostgreSQL cluster of 15 to 18 (:class:`PostgresCluster`;
+:mod:`.pg_binaries` picks the major), :mod:`.standby` a hot standby of one (:class:`PostgresStandby`);
 :mod:`.airflow_cli` a private ``AIRFLOW_HOME`` for ``airflow dags test`` (:class:`AirflowSandbox`);
 :mod:`.airflow_services` the scheduler and API server for backfills and re-runs
 (:class:`AirflowServices`); :mod:`.processes` the process helpers they share.
@@ -18,6 +19,7 @@ from airflow_provider_pglogical.errors import AirflowApiError, PostgresNotFoundE
 from airflow_provider_pglogical.testing.airflow_cli import AirflowSandbox, AssetEventRecord, DagRunResult
 from airflow_provider_pglogical.testing.airflow_services import AirflowServices, DagRunRecord, SchedulerResult
 from airflow_provider_pglogical.testing.postgres import PostgresCluster, find_postgres_bindir
+from airflow_provider_pglogical.testing.standby import PostgresStandby
 
 __all__ = [
     "AirflowApiError",
@@ -28,6 +30,7 @@ __all__ = [
     "DagRunResult",
     "PostgresCluster",
     "PostgresNotFoundError",
+    "PostgresStandby",
     "SchedulerResult",
     "find_postgres_bindir",
 ]

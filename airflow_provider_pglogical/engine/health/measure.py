@@ -108,8 +108,8 @@ def _peek_refusal(slot: SlotInfo, current_database: str, publications: Sequence[
         return f"not a logical {OUTPUT_PLUGIN} slot"
     if slot.database != current_database:
         return f"the slot belongs to database {slot.database!r}; connect to it to measure the age"
-    if slot.wal_status == "lost":
-        return "the slot is lost: its changes can no longer be read"
+    if slot.invalidated:
+        return f"the slot is invalidated ({slot.invalidation_reason}): its changes can no longer be read"
     if slot.active:
         return (
             f"the slot is active (pid {slot.active_pid}): another consumer is reading it, and only one "
@@ -180,7 +180,7 @@ def _with_lag_age(
         and previous.slot_name == slot.slot_name
         and previous.oldest_unconfirmed_commit is not None
         and previous.slot.confirmed_flush_lsn == slot.confirmed_flush_lsn
-        and slot.wal_status != "lost"
+        and not slot.invalidated
     ):
         return _aged_since(health, previous.oldest_unconfirmed_commit, health.checked_at)
     reason = _peek_refusal(slot, health.current_database, publications)

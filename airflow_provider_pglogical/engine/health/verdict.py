@@ -31,6 +31,7 @@ from airflow_provider_pglogical.errors import (
     SlotNotFoundError,
     WalRetentionError,
 )
+from airflow_provider_pglogical.replication.slots import invalidation_message
 
 __all__ = [
     "LagThresholds",
@@ -180,6 +181,8 @@ def wal_safety(health: SlotHealth, min_safe_wal_bytes: int | None = None) -> Wal
         "unlimited" if health.max_slot_wal_keep_size is None else format_size(health.max_slot_wal_keep_size)
     )
     pending = format_size(health.lag_bytes)
+    if slot.invalidated and slot.invalidation_reason not in (None, "wal_removed"):
+        return WalSafety(WalRisk.LOST, invalidation_message(slot))
     if slot.wal_status == "lost":
         return WalSafety(
             WalRisk.LOST,

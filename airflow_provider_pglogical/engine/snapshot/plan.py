@@ -29,6 +29,7 @@ from airflow_provider_pglogical.formats.layout import table_dir_name
 from airflow_provider_pglogical.formats.manifest import ColumnManifest, TableManifest
 from airflow_provider_pglogical.replication import connect
 from airflow_provider_pglogical.replication.connection import ConnParams
+from airflow_provider_pglogical.replication.features import GENERATED_COLUMNS, supports
 from airflow_provider_pglogical.replication.publications import PublishedTable, published_tables
 from airflow_provider_pglogical.values import overflow
 from airflow_provider_pglogical.values.arrow_types import arrow_type, pg_type_name
@@ -175,7 +176,7 @@ WHERE n.nspname = %s AND c.relname = %s
 _COLUMNS_SQL = """
 SELECT a.attname::text, a.atttypid::int, a.atttypmod, has_column_privilege(a.attrelid, a.attnum, 'SELECT')
 FROM pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND (a.attgenerated = '' OR %s)
 ORDER BY a.attnum
 """
 
@@ -227,7 +228,9 @@ def _plan_table(
             "owner (without FORCE ROW LEVEL SECURITY). The copy runs with row_security = off, as the "
             "PostgreSQL docs advise for dumps (options=-crow_security=off)."
         )
-    cur.execute(_COLUMNS_SQL, (oid,))
+    # PostgreSQL 18 publishes stored generated columns (publish_generated_columns = stored, or named
+    # in a column list): then they are among the published names and are copied like the others.
+    cur.execute(_COLUMNS_SQL, (oid, supports(cur.connection, GENERATED_COLUMNS)))
     all_columns = cur.fetchall()
     wanted = set(published.columns)
     # (name, type OID, typmod, whether the role may SELECT it) of each published column

@@ -40,6 +40,7 @@ from airflow_provider_pglogical.engine.snapshot.spark_engine import collect_stag
 from airflow_provider_pglogical.engine.staging import DEFAULT_MAX_FILE_BYTES, StagingLocation
 from airflow_provider_pglogical.errors import (
     RECOVERY_DAG,
+    ServerFeatureError,
     SlotActiveError,
     SlotExistsError,
     SlotLostError,
@@ -55,6 +56,7 @@ from airflow_provider_pglogical.replication.connection import (
     connection_lost_detail,
     is_connection_loss,
 )
+from airflow_provider_pglogical.replication.features import FAILOVER_SLOTS, require, supports
 from airflow_provider_pglogical.replication.slots import (
     SNAPSHOT_HOLDER_OPTIONS,
     CreatedSlot,
@@ -126,6 +128,11 @@ class SnapshotRun:
     :param tables: a subset of the published tables (``schema.table``); all when None.
     :param slot_mode: ``"create"``, ``"temporary"`` or ``"recover"`` (see above).
     :param recreate_slot: ``"create"`` only: drop an existing slot of that name first.
+    :param failover: create the slot as a failover slot, which a standby with
+        ``sync_replication_slots`` keeps a copy of so that the pipeline survives a promotion
+        (docs/FAILOVER.md). ``None`` (the default): on where the server has them (PostgreSQL 17+);
+        ``True`` on an older server raises ``ServerFeatureError``. A re-snapshot's temporary slot
+        is never one (the pipeline's own slot keeps its setting).
     :param progress_interval: seconds between progress log lines and holder checks.
     :param on_progress: called with :class:`SnapshotProgress` at each phase and interval.
     """
@@ -140,6 +147,7 @@ class SnapshotRun:
         tables: Sequence[str] | None = None,
         slot_mode: SlotMode = "create",
         recreate_slot: bool = False,
+        failover: bool | None = None,
         parallelism: int = DEFAULT_PARALLELISM,
         range_bytes: int = DEFAULT_RANGE_BYTES,
         min_range_bytes: int = DEFAULT_MIN_RANGE_BYTES,
@@ -157,6 +165,7 @@ class SnapshotRun:
         self.tables = tuple(tables) if tables else None
         self.slot_mode = slot_mode
         self.recreate_slot = recreate_slot
+        self.failover = failover
         self.parallelism = max(1, parallelism)
         self.range_bytes = range_bytes
         self.min_range_bytes = min_range_bytes
@@ -217,10 +226,14 @@ class SnapshotRun:
         self._holder_pid = self._holder.get_backend_pid()
         temporary = self.slot_mode == "temporary"
         exporter = temporary_slot_name(self.slot, self._holder_pid) if temporary else self.slot
-        self.created = create_slot_with_snapshot(self._holder, exporter, temporary=temporary)
+        failover = not temporary and self._wants_failover()
+        self.created = create_slot_with_snapshot(
+            self._holder, exporter, temporary=temporary, failover=failover
+        )
         log.info(
-            "created %sslot %s at consistent point %s, exported snapshot %s",
-            "temporary " if temporary else "", exporter, self.consistent_point, self.snapshot_name,
+            "created %s%sslot %s at consistent point %s, exported snapshot %s",
+            "temporary " if temporary else "", "failover " if failover else "", exporter,
+            self.consistent_point, self.snapshot_name,
         )  # fmt: skip
         if not temporary:
             # A re-snapshot may run beside another one: it removes only what it staged itself.
@@ -245,6 +258,26 @@ class SnapshotRun:
         self._report("planned", CopyCounters(), 0.0, force=True)
         return self.plan
 
+    def _wants_failover(self) -> bool:
+        """``failover`` resolved against the server: ``None`` means "where available".
+
+        A slot created on a standby cannot be a failover slot: only a primary's are synchronized.
+        """
+        with self._catalog.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery()")
+            on_standby = bool(cur.fetchone()[0])
+        if self.failover is None:
+            return supports(self._catalog, FAILOVER_SLOTS) and not on_standby
+        if self.failover:
+            require(self._catalog, FAILOVER_SLOTS)
+            if on_standby:
+                raise ServerFeatureError(
+                    f"slot {self.slot!r} cannot be a failover slot: this server is a standby, and only a "
+                    "primary's slots are synchronized to standbys. Take the snapshot on the primary, or "
+                    "pass failover=False to keep the slot on this standby."
+                )
+        return self.failover
+
     def _prepare_slot(self) -> None:
         try:
             existing = describe_slot(self._catalog, self.slot)
@@ -256,22 +289,25 @@ class SnapshotRun:
                 ) from None
             return
         if self.slot_mode == "temporary":
-            if existing.wal_status == "lost":
+            if existing.invalidated:
                 raise SlotLostError(
-                    f"replication slot {self.slot!r} has lost WAL it had not delivered (wal_status = "
-                    f"lost): re-snapshotting some tables cannot repair the others; run the {RECOVERY_DAG} "
-                    "DAG, which recreates the slot and reloads every table"
+                    f"replication slot {self.slot!r} was invalidated ({existing.invalidation_reason}): it "
+                    "cannot deliver its changes any more: re-snapshotting some tables cannot repair the "
+                    f"others; run the {RECOVERY_DAG} DAG, which recreates the slot and reloads every table"
                 )
             return
         if self.slot_mode == "recover":
-            if existing.wal_status != "lost":
+            if not existing.invalidated:
                 raise SlotExistsError(
                     f"replication slot {self.slot!r} exists and is healthy (wal_status = "
                     f"{existing.wal_status}, confirmed up to {existing.confirmed_flush_lsn}): there is "
                     "nothing to recover. To reload tables while it runs, re-snapshot them "
                     "(pglogical_backfill_tables)."
                 )
-            log.warning("slot %s lost its WAL: dropping it to recreate it and reload every table", self.slot)
+            log.warning(
+                "slot %s was invalidated (%s): dropping it to recreate it and reload every table",
+                self.slot, existing.invalidation_reason,
+            )  # fmt: skip
             drop_slot(self._catalog, self.slot)
             return
         if not self.recreate_slot:

@@ -23,6 +23,7 @@ from airflow_provider_pglogical.replication import (
 )
 from airflow_provider_pglogical.testing import PostgresCluster
 from tests.integration.drain.staged import staged_tables
+from tests.pg_majors import ALSO_ON_PG18
 
 SCHEMA = """
 CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10, 2), at timestamptz, doc jsonb);
@@ -53,6 +54,7 @@ def _workload(cluster: PostgresCluster, db: str) -> None:
     cluster.execute("TRUNCATE unpublished; INSERT INTO items VALUES (3000, NULL, NULL, NULL, 'null')", db)
 
 
+@ALSO_ON_PG18
 def test_both_transports_stage_identical_batches_without_moving_the_slot(
     source: tuple[PostgresCluster, str], tmp_path: Path
 ) -> None:

@@ -36,11 +36,13 @@ from tests.integration.fidelity.exact import compare_all
 from tests.integration.fidelity.seeds import parse_seeds
 from tests.integration.fidelity.steps import acknowledge
 from tests.integration.fidelity.workload import Transaction, Workload
+from tests.pg_majors import DEFAULT, PG18
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SEEDS_ENV = "PGLOGICAL_FIDELITY_SEEDS"
 DEFAULT_SEEDS = [1, 4, 33]  # together: every shape, value family and workload step of the generator
+PG18_SEED = 1  # also run on PostgreSQL 18 (tests/pg_majors.py)
 SLOT = "fidelity"
 
 
@@ -105,7 +107,10 @@ def check(pipeline: Pipeline, workload: Workload) -> tuple[int, list[str]]:
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(
-    "seed", parse_seeds(os.environ.get(SEEDS_ENV), DEFAULT_SEEDS), ids=lambda s: f"seed{s}"
+    ("seed", "pg_cluster"),
+    [pytest.param(s, DEFAULT, id=f"seed{s}") for s in parse_seeds(os.environ.get(SEEDS_ENV), DEFAULT_SEEDS)]
+    + [pytest.param(PG18_SEED, PG18, id=f"seed{PG18_SEED}-pg18")],
+    indirect=["pg_cluster"],
 )
 def test_lake_equals_source_for_seed(
     seed: int,

@@ -31,6 +31,7 @@ from airflow_provider_pglogical.pgoutput import (
 )
 from airflow_provider_pglogical.testing import PostgresCluster
 from tests.data.pgoutput import capture
+from tests.pg_majors import ALSO_ON_PG18
 
 pytestmark = pytest.mark.integration
 
@@ -145,6 +146,7 @@ def pgoutput_changes(transactions: list[Transaction]) -> list[tuple[int, str, st
     return out
 
 
+@ALSO_ON_PG18
 def test_changes_equal_test_decoding_for_a_mixed_workload(
     pg_cluster: PostgresCluster, pg_dbname: str
 ) -> None:

@@ -20,10 +20,12 @@ from tests.integration.snapshot.snapshot_helpers import (
     source_rows,
     staged_table,
 )
+from tests.pg_majors import ALSO_ON_PG18
 
 pytestmark = pytest.mark.integration
 
 
+@ALSO_ON_PG18
 def test_rows_before_the_slot_are_copied_rows_after_it_are_streamed(
     pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
 ) -> None:
@@ -58,6 +60,7 @@ def test_rows_before_the_slot_are_copied_rows_after_it_are_streamed(
     assert load_manifest(path) == manifest
 
 
+@ALSO_ON_PG18
 def test_row_filters_and_column_lists_copy_what_the_publication_selects(
     pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
 ) -> None:

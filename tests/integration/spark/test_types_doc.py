@@ -26,6 +26,7 @@ from airflow_provider_pglogical.formats.manifest import sibling_name
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.testing import PostgresCluster
 from tests.integration.spark.pg_text import lake_vs_postgres
+from tests.pg_majors import XML_MISSING
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -135,6 +136,8 @@ def _matrix(spark: SparkSession, lake: LakeConfig, arrow: dict[str, str], verdic
 def test_type_matrix_matches_docs(
     spark: SparkSession, lake_config: LakeConfig, pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
 ) -> None:
+    if not pg_cluster.has_xml:
+        pytest.skip(XML_MISSING)
     dsn = pg_cluster.dsn(pg_dbname)
     pg_cluster.execute(USER_TYPES, pg_dbname)
     body = sql.SQL(", ").join(
