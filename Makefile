@@ -10,14 +10,17 @@ export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
 # Debian's JDBC drivers (PostgreSQL for the Spark copy engine and a PostgreSQL-backed catalog, SQLite
 # for the local Iceberg catalog) and jarjar, which re-shades Jackson for the Iceberg runtime.
-DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar
+# HttpClient 5 (client and core) is what the offline Iceberg runtime lacks to talk to a REST catalog.
+DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar \
+	/usr/share/java/httpclient5.jar /usr/share/java/httpcore5.jar /usr/share/java/httpcore5-h2.jar
 ICEBERG_DIR := $(VENV)/iceberg-jars
 ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar
 # What local Spark loads for the lake (airflow_provider_pglogical.spark.local_jars reads it).
-export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
+REST_JARS := /usr/share/java/httpclient5.jar,/usr/share/java/httpcore5.jar,/usr/share/java/httpcore5-h2.jar
+export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar,$(REST_JARS)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars lint test test-fast soak demo clean
+.PHONY: venv lake-jars lint test test-fast test-cluster soak demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +33,8 @@ venv: $(STAMP)
 $(DEBIAN_JARS):
 	$(SUDO) apt-get update -qq
 	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-		libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libjarjar-java libasm-java
+		libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libjarjar-java libasm-java \
+		libhttpclient5-java libhttpcore5-java
 
 $(ICEBERG_DIR)/.built: $(STAMP) $(DEBIAN_JARS) tools/iceberg_jars.sh
 	tools/iceberg_jars.sh $(BIN)/pip $$($(BIN)/python -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') $(ICEBERG_DIR)
@@ -43,8 +47,14 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The cluster tests (marker `cluster`: minutes of JVM start-ups each) run in `make test-cluster`.
 test: lint lake-jars
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not cluster"
+
+# The pipeline on a Spark standalone cluster (two one-core workers, started by the tests): the
+# end-to-end CDC run under writes with executors and the driver killed mid-apply (about 4 min).
+test-cluster: lake-jars
+	$(BIN)/python -m pytest -m cluster tests/integration/cluster -q
 
 # The edit-test loop, under 2 minutes and no server: lint, types and tests/unit only (the same tests
 # as `-m "not integration"`, tests/unit/test_markers.py checks it). CI runs `make test`.
