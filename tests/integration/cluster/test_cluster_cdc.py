@@ -10,9 +10,10 @@ The snapshot uses the Spark JDBC engine, whose executors read PostgreSQL themsel
 rounds run the real operators in this process with Airflow connections from the environment,
 then the example CDC DAG once through ``airflow dags test``, pointed at the cluster by its
 Spark connection alone. Faults: every executor SIGKILLed while an apply is running tasks (Spark
-reruns them on replacement executors; the Iceberg commits stay atomic), and the driver
-(spark-submit) SIGKILLed mid-apply, then the apply re-run. The lake must equal the source and
-each staged change be in its changelog exactly once.
+reruns them on replacement executors; the Iceberg commits stay atomic), the driver
+(spark-submit) SIGKILLed mid-apply, then the apply re-run, and a worker lost for good mid-apply
+(the job finishes on the other; the session's cluster keeps one worker afterwards). The lake
+must equal the source and each staged change be in its changelog exactly once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,21 +67,33 @@ def _finished_tasks(cluster: SparkStandaloneCluster) -> int:
     return count
 
 
-def _when_tasks_finish(
-    cluster: SparkStandaloneCluster, more: int, act: Callable[[], Any]
-) -> threading.Thread:
-    """Call ``act`` once ``more`` further tasks have finished on the cluster (mid-job), from a thread."""
-    start = _finished_tasks(cluster)
+class MidJob:
+    """Calls ``act`` from a thread once ``more`` further tasks have finished on the cluster (mid-job).
 
-    def wait() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and _finished_tasks(cluster) < start + more:
-            time.sleep(0.1)
-        act()
+    Use as a ``with`` block around the job: leaving it stops the watch, and :attr:`acted` tells
+    whether the fault came while the job was running.
+    """
 
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    return thread
+    def __init__(self, cluster: SparkStandaloneCluster, more: int, act: Callable[[], Any]) -> None:
+        self.cluster, self.act, self.acted = cluster, act, False
+        self.target = _finished_tasks(cluster) + more
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> MidJob:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._ended.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._ended.wait(0.1):
+            if _finished_tasks(self.cluster) >= self.target:
+                self.act()
+                self.acted = True
+                return
 
 
 @pytest.mark.timeout(1500)
@@ -116,10 +128,9 @@ def test_cdc_on_the_cluster_survives_killed_executors_and_driver(
     writer.burst(40)
     manifest = _drain(staging, common)
     killed: list[int] = []
-    killer = _when_tasks_finish(spark_cluster, 6, lambda: killed.extend(spark_cluster.kill_executors()))
-    _apply(manifest)
-    killer.join()
-    assert killed, "no executor was running when the kill came: the apply ended first"
+    with MidJob(spark_cluster, 6, lambda: killed.extend(spark_cluster.kill_executors())) as fault:
+        _apply(manifest)
+    assert fault.acted and killed, "no executor was killed while the apply ran: it ended first"
     _ack(manifest, common)
 
     # Round 2: the driver (spark-submit and its JVM) SIGKILLed mid-apply; the re-run converges.
@@ -130,8 +141,9 @@ def test_cdc_on_the_cluster_survives_killed_executors_and_driver(
         args = _on_cluster(args, spark_cluster.master_url)
         driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)  # fmt: skip
-        _when_tasks_finish(spark_cluster, 6, lambda: os.killpg(driver.pid, signal.SIGKILL)).join()
-        assert driver.wait(timeout=60) == -signal.SIGKILL
+        with MidJob(spark_cluster, 6, lambda: os.killpg(driver.pid, signal.SIGKILL)) as fault:
+            driver.wait(timeout=600)
+        assert fault.acted and driver.returncode == -signal.SIGKILL, "the apply ended before the kill"
     conn = connect(dsn)
     assert describe_slot(conn, SLOT).confirmed_flush_lsn is not None
     _apply(manifest)
@@ -145,10 +157,14 @@ def test_cdc_on_the_cluster_survives_killed_executors_and_driver(
     }  # fmt: skip
     sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
 
-    # Writes stop; one last round takes the rest, and the lake must equal the source.
+    # Writes stop; one last round takes the rest, and a worker is lost for good mid-apply: the job
+    # finishes on the remaining one. Then the lake must equal the source.
+    writer.burst(20)
     transactions = writer.stop()
     manifest = _drain(staging, common)
-    _apply(manifest)
+    with MidJob(spark_cluster, 4, lambda: spark_cluster.kill_worker(1)) as fault:
+        _apply(manifest)
+    assert fault.acted and spark_cluster.executor_pids()[1] == []  # that worker and its executor are gone
     _ack(manifest, common)
     assert describe_slot(conn, SLOT).confirmed_flush_lsn == _end_of(manifest)
     conn.close()
