@@ -10,14 +10,14 @@ export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
 # Debian's JDBC drivers (PostgreSQL for the Spark copy engine and a PostgreSQL-backed catalog, SQLite
 # for the local Iceberg catalog) and jarjar, which re-shades Jackson for the Iceberg runtime.
-# HttpClient 5 (client and core) is what the offline Iceberg runtime lacks to talk to a REST catalog.
+# HttpClient 5 (client and core), re-shaded into the runtime's package, is what the offline Iceberg
+# runtime lacks to talk to a REST catalog (tools/iceberg_jars.sh).
 DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar \
 	/usr/share/java/httpclient5.jar /usr/share/java/httpcore5.jar /usr/share/java/httpcore5-h2.jar
 ICEBERG_DIR := $(VENV)/iceberg-jars
-ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar
+ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-httpclient5-5.2.jar
 # What local Spark loads for the lake (airflow_provider_pglogical.spark.local_jars reads it).
-REST_JARS := /usr/share/java/httpclient5.jar,/usr/share/java/httpcore5.jar,/usr/share/java/httpcore5-h2.jar
-export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar,$(REST_JARS)
+export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: venv lake-jars lint test test-fast test-cluster soak demo clean
