@@ -10,12 +10,9 @@ export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
 # Debian's JDBC drivers (PostgreSQL for the Spark copy engine and a PostgreSQL-backed catalog, SQLite
 # for the local Iceberg catalog) and jarjar, which re-shades Jackson for the Iceberg runtime.
-# HttpClient 5 (client and core), re-shaded into the runtime's package, is what the offline Iceberg
-# runtime lacks to talk to a REST catalog (tools/iceberg_jars.sh).
-DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar \
-	/usr/share/java/httpclient5.jar /usr/share/java/httpcore5.jar /usr/share/java/httpcore5-h2.jar
+DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar
 ICEBERG_DIR := $(VENV)/iceberg-jars
-ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-httpclient5-5.2.jar
+ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar
 # What local Spark loads for the lake (airflow_provider_pglogical.spark.local_jars reads it).
 export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -33,8 +30,7 @@ venv: $(STAMP)
 $(DEBIAN_JARS):
 	$(SUDO) apt-get update -qq
 	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-		libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libjarjar-java libasm-java \
-		libhttpclient5-java libhttpcore5-java
+		libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libjarjar-java libasm-java
 
 $(ICEBERG_DIR)/.built: $(STAMP) $(DEBIAN_JARS) tools/iceberg_jars.sh
 	tools/iceberg_jars.sh $(BIN)/pip $$($(BIN)/python -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') $(ICEBERG_DIR)

@@ -5,9 +5,7 @@
 #
 # PyPI's snowpark-connect-deps-iceberg ships iceberg-spark-runtime-3.5_2.12-1.10.2.jar (SQL extensions
 # inside) with its shaded Jackson stripped out; re-shading pyspark's own Jackson 2.15 under the
-# runtime's package with Debian's jarjar restores it (DESIGN.md, "The lake"). Its shaded HttpClient 5
-# (the REST catalog's client) was stripped too: Debian's httpclient5/httpcore5 jars, re-shaded the same
-# way, restore that (docs/LAKE.md, "REST catalogs"). On a connected cluster
+# runtime's package with Debian's jarjar restores it (DESIGN.md, "The lake"). On a connected cluster
 # use the real jar instead: --packages org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2.
 set -euo pipefail
 pip=$1 spark_jars=$(realpath "$2") out=$3
@@ -28,12 +26,4 @@ done
 echo 'rule com.fasterxml.jackson.** org.apache.iceberg.shaded.com.fasterxml.jackson.@1' > "$work/rules.txt"
 mkdir -p "$out"
 java -jar "$jarjar" process "$work/rules.txt" "$work/jackson.jar" "$out/iceberg-shaded-jackson-2.15.jar"
-mkdir -p "$work/http"
-for name in httpclient5 httpcore5 httpcore5-h2; do
-  [ -f "/usr/share/java/$name.jar" ] || { echo "missing /usr/share/java/$name.jar: apt-get install libhttpclient5-java libhttpcore5-java" >&2; exit 1; }
-  (cd "$work/http" && unzip -q -o "/usr/share/java/$name.jar" -x 'META-INF/versions/*' 'META-INF/services/*' 'module-info.class')
-done
-(cd "$work/http" && rm -f META-INF/MANIFEST.MF && jar cf "$work/http.jar" .)
-echo 'rule org.apache.hc.** org.apache.iceberg.shaded.org.apache.hc.@1' > "$work/http-rules.txt"
-java -jar "$jarjar" process "$work/http-rules.txt" "$work/http.jar" "$out/iceberg-shaded-httpclient5-5.2.jar"
 mv "$work/$runtime" "$out/$runtime"

@@ -36,6 +36,7 @@ from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
 from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
 from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
 from airflow_provider_pglogical.replication import connect, describe_slot
+from airflow_provider_pglogical.spark.changes import CHECKPOINT_DIR_CONF
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster, SparkStandaloneCluster
 from tests.integration.cluster.cluster_workload import (
     PUBLICATION,
@@ -48,8 +49,10 @@ from tests.integration.e2e.e2e_support import assert_changelog_exactly_once, mak
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow, pytest.mark.cluster]
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "cluster_cdc"
-# Small executors and few shuffle partitions: two one-core workers with 1 GiB each.
+# Small executors and few shuffle partitions: two one-core workers with 1 GiB each. Reliable
+# checkpoints (spark/changes.materialize): with local ones, a lost executor fails the apply.
 SPARK_CONF = {
+    CHECKPOINT_DIR_CONF: os.path.join(tempfile.gettempdir(), "pglogical-cluster-checkpoints"),
     "spark.ui.enabled": "false",
     "spark.executor.memory": "768m",
     "spark.sql.shuffle.partitions": "4",
