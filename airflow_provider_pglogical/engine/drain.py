@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from airflow_provider_pglogical.engine.catalog_facts import record_catalog_facts
+from airflow_provider_pglogical.engine.object_store import S3Options
 from airflow_provider_pglogical.engine.sequencing import (
     DEFAULT_MAX_MEMORY_BYTES,
     MemoryBudget,
@@ -103,6 +104,8 @@ class DrainSettings:
         unlinked as soon as created, so nothing is left behind even by a killed drain.
     :param chunk_bytes: transport chunk size (default: a 48th of ``max_memory_bytes``).
     :param chunk_messages: the stream also yields a chunk after this many messages.
+    :param staging_options: endpoint and credentials of an ``s3://`` staging store (default: pyarrow's
+        environment chain); the store is checked before the slot is read.
     """
 
     slot: str
@@ -118,6 +121,7 @@ class DrainSettings:
     chunk_messages: int = 100_000
     max_rows_per_batch: int = 65_536
     progress_seconds: float = 5.0
+    staging_options: S3Options | None = None
 
     def __post_init__(self) -> None:
         if self.max_memory_bytes < MIN_MEMORY_BYTES:
@@ -361,7 +365,8 @@ def _prepare_staging(location: StagingLocation, slot: str, batch_id: str) -> str
 
 def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
     """Drain one batch (see module docstring); the slot is never moved here."""
-    location = StagingLocation.resolve(settings.staging)
+    location = StagingLocation.resolve(settings.staging, settings.staging_options)
+    location.check_access()  # a missing bucket or refused key stops here, before the slot is touched
     conn = connect(params)
     try:
         slot = _check_slot(conn, settings)

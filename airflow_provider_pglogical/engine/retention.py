@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow.fs as pafs
 
+from airflow_provider_pglogical.engine.object_store import S3Options
 from airflow_provider_pglogical.engine.staging import StagingLocation
 from airflow_provider_pglogical.errors import ManifestFormatError
 from airflow_provider_pglogical.formats.lsn import Lsn
@@ -75,15 +76,17 @@ def prune_staging(
     confirmed_flush_lsn: Lsn,
     older_than: timedelta,
     now: datetime | None = None,
+    staging_options: S3Options | None = None,
 ) -> list[str]:
     """Delete the slot's staged directories that are acknowledged and older than ``older_than``.
 
     Returns the deleted directories' paths. ``now`` (default: the current time) is what the
-    retention counts back from.
+    retention counts back from; ``staging_options`` the credentials of an ``s3://`` store.
     """
     if older_than < timedelta(0):
         raise ValueError(f"staging retention must not be negative (got {older_than})")
-    location = StagingLocation.resolve(staging_uri)
+    location = StagingLocation.resolve(staging_uri, staging_options)
+    location.check_access()
     cutoff = (now or datetime.now(UTC)) - older_than
     manifests: dict[str, Manifest] = {}
     deleted: list[str] = []

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from airflow_provider_pglogical.engine.object_store import S3Options, check_access
 from airflow_provider_pglogical.formats.layout import MANIFEST_NAME, batch_path, part_file_name
 from airflow_provider_pglogical.formats.manifest import Manifest
 
@@ -33,18 +34,26 @@ class StagingLocation:
     filesystem: pafs.FileSystem
     root: str
     uri: str
+    s3: S3Options | None = None
 
     @classmethod
-    def resolve(cls, uri: str) -> StagingLocation:
+    def resolve(cls, uri: str, s3: S3Options | None = None) -> StagingLocation:
         """Parse a local path or ``file://``/``s3://``/``gs://``/``hdfs://`` URI.
 
-        Credentials come from the environment the way pyarrow reads them (AWS_*, GOOGLE_*,
-        Hadoop config), never from the URI text, so the URI can be logged.
+        Credentials come from ``s3`` for an ``s3://`` URI when given (an Airflow ``aws``
+        connection, ``hooks/staging.py``), else from the environment the way pyarrow reads them
+        (AWS_*, GOOGLE_*, Hadoop config); never from the URI text, so the URI can be logged.
         """
         if "://" not in uri:
             return cls(pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve()), uri)
+        if s3 is not None and uri.startswith("s3://"):
+            return cls(s3.filesystem(), uri[len("s3://") :].rstrip("/"), uri, s3)
         filesystem, root = pafs.FileSystem.from_uri(uri)
         return cls(filesystem, root.rstrip("/") or "/", uri)
+
+    def check_access(self) -> None:
+        """Raise ``StagingAccessError`` if an object store's bucket is missing or refuses the credentials."""
+        check_access(self.filesystem, self.root, self.uri, self.s3)
 
     @property
     def is_local(self) -> bool:
@@ -224,11 +233,10 @@ class PartFileWriter:
             self._writer, self._sink = None, None
 
 
-def read_manifest(uri: str) -> Manifest:
-    """Read a ``_manifest.json`` from a local path or any ``pyarrow.fs`` URI."""
-    if "://" in uri:
-        filesystem, path = pafs.FileSystem.from_uri(uri)
-    else:
-        filesystem, path = pafs.LocalFileSystem(), uri
-    with filesystem.open_input_stream(path) as stream:
+def read_manifest(uri: str, s3: S3Options | None = None) -> Manifest:
+    """Read a ``_manifest.json`` from a local path or a ``pyarrow.fs`` URI (``s3``: the store's keys)."""
+    location = StagingLocation.resolve(posixpath.dirname(uri), s3)
+    if not location.is_local:
+        location.check_access()
+    with location.filesystem.open_input_stream(location.path(posixpath.basename(uri))) as stream:
         return Manifest.from_json(stream.read())

@@ -26,12 +26,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
+from airflow_provider_pglogical.engine.object_store import S3Options
 from airflow_provider_pglogical.engine.staging import read_manifest
 from airflow_provider_pglogical.formats.assets import LakeTableRef, openlineage_dataset
 from airflow_provider_pglogical.formats.lake import CHANGELOG_SUFFIX, LakeConfig
 from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.hooks.staging import staging_options
 from airflow_provider_pglogical.lineage import datasets
 from airflow_provider_pglogical.lineage.facets import facet_types
 
@@ -108,7 +110,7 @@ def staged_lineage(operator: Any, task_instance: Any) -> Any:
     summary = task_instance.xcom_pull(task_ids=operator.task_id)
     if not isinstance(summary, dict) or not summary.get("manifest"):
         return None
-    manifest = read_manifest(str(summary["manifest"]))
+    manifest = read_manifest(str(summary["manifest"]), _staging(operator))
     inputs = _source_inputs(manifest, str(operator.pglogical_conn_id), _publications(operator.publications))
     return _lineage(inputs=inputs, run_facets=datasets.batch_facets(manifest))
 
@@ -138,7 +140,7 @@ def apply_lineage(operator: Any, task_instance: Any = None) -> Any:
     At START the apply has no task instance to render its upstream's connection with, so it
     names the lake tables only; at COMPLETE the source tables and the column lineage join them.
     """
-    manifest = read_manifest(str(operator.manifest))
+    manifest = read_manifest(str(operator.manifest), _staging(operator))
     chosen = set(operator.tables or ())
     if chosen:
         manifest = dataclasses.replace(
@@ -163,7 +165,7 @@ def ack_lineage(operator: Any) -> Any:
     """Ack: the batch's lake tables in (their commits are checked), the pipeline's cut out."""
     from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
 
-    manifest = read_manifest(str(operator.manifest))
+    manifest = read_manifest(str(operator.manifest), _staging(operator))
     run_facets = datasets.batch_facets(manifest)
     if not manifest.tables:
         return _lineage(run_facets=run_facets)
@@ -200,3 +202,8 @@ def maintenance_lineage(operator: Any) -> Any:
         inputs.append(InputDataset(namespace, name, facets=facets))
         outputs.append(OutputDataset(namespace, name, facets=facets))
     return _lineage(inputs=inputs, outputs=outputs)
+
+
+def _staging(operator: Any) -> S3Options | None:
+    """The staging store's keys, for an ``s3://`` manifest (the operator's ``staging_conn_id``)."""
+    return staging_options(getattr(operator, "staging_conn_id", None))

@@ -18,6 +18,7 @@ from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.hooks.staging import staging_options
 
 
 class PgLogicalAckOperator(BaseOperator):
@@ -32,12 +33,20 @@ class PgLogicalAckOperator(BaseOperator):
         ``{{ ti.xcom_pull(task_ids='drain')['manifest'] }}`` (templated).
     :param lake_conn_id: the lake's ``pglogical_lake`` connection (templated).
     :param pglogical_conn_id: Airflow connection of the source database (templated).
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (as the drain's)
+        (templated).
     :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which the
         pipeline's cut Asset (``assets.cut_asset(catalog, slot)``) gets one event per acknowledged
         batch that changed tables: its LSN, tag, and every table's snapshot at the cut.
     """
 
-    template_fields: Sequence[str] = ("pglogical_conn_id", "slot_name", "manifest", "lake_conn_id")
+    template_fields: Sequence[str] = (
+        "pglogical_conn_id",
+        "slot_name",
+        "manifest",
+        "lake_conn_id",
+        "staging_conn_id",
+    )
     ui_color = "#d5f5d5"
 
     def __init__(
@@ -47,6 +56,7 @@ class PgLogicalAckOperator(BaseOperator):
         manifest: str,
         lake_conn_id: str = PgLogicalLakeHook.default_conn_name,
         pglogical_conn_id: str = PgLogicalHook.default_conn_name,
+        staging_conn_id: str | None = None,
         asset_alias: str = CUTS_ALIAS,
         **kwargs: Any,
     ) -> None:
@@ -57,10 +67,11 @@ class PgLogicalAckOperator(BaseOperator):
         self.manifest = manifest
         self.lake_conn_id = lake_conn_id
         self.pglogical_conn_id = pglogical_conn_id
+        self.staging_conn_id = staging_conn_id
         self.asset_alias = asset_alias
 
     def execute(self, context: Context) -> dict[str, Any]:
-        manifest = read_manifest(self.manifest)
+        manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if manifest.slot != self.slot_name:
             raise ManifestSlotMismatchError(
                 f"manifest {self.manifest} belongs to slot {manifest.slot!r}, not {self.slot_name!r}: "

@@ -11,6 +11,7 @@ from airflow_provider_pglogical import metrics
 from airflow_provider_pglogical.engine.drain import DrainSettings, Transport, drain_batch
 from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.hooks.staging import staging_options
 
 
 class PgLogicalDrainOperator(BaseOperator):
@@ -29,6 +30,8 @@ class PgLogicalDrainOperator(BaseOperator):
     :param max_memory_bytes: the drain's memory budget, whatever the transaction sizes; larger
         undecided transactions spill to ``spill_dir`` (templated).
     :param spill_dir: local directory for spill files (default ``$TMPDIR``) (templated).
+    :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
+        credentials (:class:`PgLogicalStagingHook`); ``None``: pyarrow's environment chain (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -40,6 +43,7 @@ class PgLogicalDrainOperator(BaseOperator):
         "max_bytes",
         "max_memory_bytes",
         "spill_dir",
+        "staging_conn_id",
     )
     ui_color = "#c6e2ff"
 
@@ -55,6 +59,7 @@ class PgLogicalDrainOperator(BaseOperator):
         max_bytes: int | None = None,
         max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
         spill_dir: str | None = None,
+        staging_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -67,6 +72,7 @@ class PgLogicalDrainOperator(BaseOperator):
         self.max_bytes = max_bytes
         self.max_memory_bytes = max_memory_bytes
         self.spill_dir = spill_dir
+        self.staging_conn_id = staging_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
@@ -79,6 +85,7 @@ class PgLogicalDrainOperator(BaseOperator):
             max_bytes=None if self.max_bytes is None else int(self.max_bytes),
             max_memory_bytes=int(self.max_memory_bytes),
             spill_dir=self.spill_dir or None,
+            staging_options=staging_options(self.staging_conn_id),
         )
         result = drain_batch(self._get_hook().connection_params(), settings)
         if not result.reused:  # a retry that found its batch staged drained nothing now

@@ -17,6 +17,7 @@ from airflow_provider_pglogical.engine.retention import prune_staging
 from airflow_provider_pglogical.errors import SlotNotAcknowledgedError
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.hooks.staging import staging_options
 from airflow_provider_pglogical.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_pglogical.spark import MAINTAIN_JOB_PATH
 
@@ -92,9 +93,13 @@ class PgLogicalStagingRetentionOperator(BaseOperator):
     :param retention_hours: age, by the manifest's ``created_at``, below which nothing is deleted
         (templated).
     :param pglogical_conn_id: Airflow connection of the source database (templated).
+    :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
+        credentials (:class:`PgLogicalStagingHook`); ``None``: pyarrow's environment chain (templated).
     """
 
-    template_fields: Sequence[str] = ("slot_name", "staging", "retention_hours", "pglogical_conn_id")
+    template_fields: Sequence[str] = (
+        "slot_name", "staging", "retention_hours", "pglogical_conn_id", "staging_conn_id",
+    )  # fmt: skip
     ui_color = "#f5e6d5"
 
     def __init__(
@@ -104,6 +109,7 @@ class PgLogicalStagingRetentionOperator(BaseOperator):
         staging: str,
         retention_hours: float | str = 72,
         pglogical_conn_id: str = PgLogicalHook.default_conn_name,
+        staging_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -111,6 +117,7 @@ class PgLogicalStagingRetentionOperator(BaseOperator):
         self.staging = staging
         self.retention_hours = retention_hours
         self.pglogical_conn_id = pglogical_conn_id
+        self.staging_conn_id = staging_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         slot = self._get_hook().describe_slot(self.slot_name)
@@ -124,6 +131,7 @@ class PgLogicalStagingRetentionOperator(BaseOperator):
             self.slot_name,
             slot.confirmed_flush_lsn,
             timedelta(hours=float(self.retention_hours)),
+            staging_options=staging_options(self.staging_conn_id),
         )
         return {
             "slot": self.slot_name,

@@ -31,6 +31,7 @@ from airflow_provider_pglogical.engine.staging import DEFAULT_MAX_FILE_BYTES
 from airflow_provider_pglogical.errors import SlotExistsError
 from airflow_provider_pglogical.formats.manifest import Manifest
 from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
+from airflow_provider_pglogical.hooks.staging import staging_options
 
 COPY_ENGINES = ("local", "spark")
 POSTGRESQL_JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -88,6 +89,10 @@ class PgLogicalSnapshotOperator(BaseOperator):
     :param spark_jars: jars for the job; default Debian's PostgreSQL JDBC driver.
     :param spark_conf: extra Spark configuration for the job.
     :param progress_interval: seconds between progress log lines.
+    :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
+        credentials (:class:`PgLogicalStagingHook`); ``None``: pyarrow's environment chain (templated).
+        The local engine writes with it; the Spark engine's executors write through Hadoop's
+        ``s3a`` and take their credentials from ``spark_conf`` (docs/LAKE.md).
     """
 
     template_fields: Sequence[str] = (
@@ -97,6 +102,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
         "tables",
         "pglogical_conn_id",
         "spark_conn_id",
+        "staging_conn_id",
     )
 
     def __init__(
@@ -120,6 +126,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
         spark_jars: str = POSTGRESQL_JDBC_JAR,
         spark_conf: dict[str, Any] | None = None,
         progress_interval: float = 5.0,
+        staging_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -141,6 +148,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
         self.spark_jars = spark_jars
         self.spark_conf = spark_conf
         self.progress_interval = progress_interval
+        self.staging_conn_id = staging_conn_id
         self._spark_hook: Any = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -162,7 +170,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
 
     def _rerun(self, hook: PgLogicalHook, exc: SlotExistsError) -> dict[str, Any]:
         """The slot exists: hand its own staged snapshot to the load again, or skip (see class doc)."""
-        staged = staged_snapshot(self.staging, self.slot_name)
+        staged = staged_snapshot(self.staging, self.slot_name, staging_options(self.staging_conn_id))
         if staged is None:
             raise exc
         uri, manifest = staged
@@ -192,6 +200,7 @@ class PgLogicalSnapshotOperator(BaseOperator):
             range_bytes=self.range_bytes,
             min_range_bytes=self.min_range_bytes,
             progress_interval=self.progress_interval,
+            staging_options=staging_options(self.staging_conn_id),
         ) as run:
             if self.copy_engine == "spark":
                 copies = self._copy_with_spark(run, params)

@@ -17,6 +17,7 @@ from airflow_provider_pglogical.engine.staging import read_manifest
 from airflow_provider_pglogical.errors import LakeCatalogError
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.manifest import Manifest
+from airflow_provider_pglogical.hooks.staging import staging_options
 from airflow_provider_pglogical.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH
 
@@ -33,12 +34,19 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
     :param write_mode: row-level write mode of tables the job creates: ``merge-on-read`` (default:
         docs/LAKE.md says why) or ``copy-on-write``.
     :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store, for reading the
+        manifest here; the job itself reads staging through the cluster's own S3 settings (templated).
     :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
         one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
         cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
     """
 
-    template_fields: Sequence[str] = (*LakeSparkJobOperator.template_fields, "manifest", "tables")
+    template_fields: Sequence[str] = (
+        *LakeSparkJobOperator.template_fields,
+        "manifest",
+        "tables",
+        "staging_conn_id",
+    )
 
     def __init__(
         self,
@@ -47,6 +55,7 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
         tables: Sequence[str] | None = None,
         write_mode: str = "merge-on-read",
         name: str = "pglogical-apply",
+        staging_conn_id: str | None = None,
         asset_alias: str = TABLES_ALIAS,
         **kwargs: Any,
     ) -> None:
@@ -56,6 +65,7 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
         self.manifest = manifest
         self.tables = tables
         self.write_mode = write_mode
+        self.staging_conn_id = staging_conn_id
         self.asset_alias = asset_alias
 
     def job_arguments(self, lake: LakeConfig) -> list[str]:
@@ -63,7 +73,7 @@ class PgLogicalSparkApplyOperator(LakeSparkJobOperator):
         return args + (["--tables", ",".join(self.tables)] if self.tables else [])
 
     def execute(self, context: Context) -> None:
-        manifest = read_manifest(self.manifest)
+        manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
             # An empty batch changes no table: nothing to submit, and the ack needs no commit.
             self.log.info("batch %s holds no changes; nothing to apply", manifest.batch_id)

@@ -59,6 +59,7 @@ from airflow_provider_pglogical.spark.changes import (
     NetEffect,
     column,
     key_struct,
+    materialize,
     net_effect,
 )
 from airflow_provider_pglogical.spark.iceberg import IcebergTables, is_conflict, quote, temp_view
@@ -217,7 +218,7 @@ class ApplyJob:
         point = self.manifest.end_lsn
         logged = self.spark.table(self.tables.name(changelog))
         changes = logged.where((sf.col(COMMIT_LSN) >= int(point)) & (sf.col(COMMIT_LSN) < int(until)))
-        changes = changes.drop(BATCH_ID_COLUMN).localCheckpoint()
+        changes = materialize(changes.drop(BATCH_ID_COLUMN))
         count = changes.count()
         log.info(
             "%s: snapshot %s is older than the applied end %s: replaying %d logged change(s)",
@@ -227,13 +228,13 @@ class ApplyJob:
             return rows, 0
         columns = _table_columns(changes)
         if multiset.counts_rows(spec):
-            return multiset.replay(rows, changes, columns, spec.qualified).localCheckpoint(), count
+            return materialize(multiset.replay(rows, changes, columns, spec.qualified)), count
         keys = key_columns(spec, [c.name for c in columns])
         net = net_effect(changes, columns, keys, rows)
         kept = rows.limit(0) if net.truncated else rows
         kept = kept.join(net.rows.select(ROW_KEY), key_struct(keys) == sf.col(ROW_KEY), "left_anti")
         upserts = net.rows.where(sf.col(EVENT_KIND) == UPSERT).drop(EVENT_KIND, ROW_KEY)
-        return kept.unionByName(upserts, allowMissingColumns=True).localCheckpoint(), count
+        return materialize(kept.unionByName(upserts, allowMissingColumns=True)), count
 
     # --------------------------------------------------------------------------------- batch
 
@@ -264,7 +265,7 @@ class ApplyJob:
                 self.tables.record(table, summary, _snapshot_id(table))
             return TableResult(spec.qualified, "applied")
         staged = steps.fill_staged(staged, self.spark)
-        changes = staged.where(sf.col(COMMIT_LSN) >= int(base)).localCheckpoint()
+        changes = materialize(staged.where(sf.col(COMMIT_LSN) >= int(base)))
         counts = {str(row[0]): int(row[1]) for row in changes.groupBy(OP).count().collect()}
         count = sum(counts.values())
         columns = _table_columns(changes)
@@ -296,7 +297,7 @@ class ApplyJob:
             keys = key_columns(spec, [c.name for c in columns])
             net = net_effect(changes, columns, keys, self.spark.table(target))
             self._refuse_unfilled(spec, net)
-            rows = net.rows.localCheckpoint()  # read twice: its key range, then the MERGE
+            rows = materialize(net.rows)  # read twice: its key range, then the MERGE
             bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
             sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
         summary = self.summary(base, end, steps.source_columns, started=begun, counts=counts)

@@ -58,6 +58,24 @@ def column(name: str) -> Column:
     return sf.col("`" + name.replace("`", "``") + "`")
 
 
+CHECKPOINT_DIR_CONF = "spark.pglogical.checkpointDir"
+"""Spark property: a directory for reliable checkpoints (``run_job`` gives it to ``setCheckpointDir``)."""
+
+
+def materialize(frame: DataFrame) -> DataFrame:
+    """Compute ``frame`` once and cut its plan there (it is read more than once, or its plan grows).
+
+    With a checkpoint directory (``spark.pglogical.checkpointDir``, on storage every executor
+    reaches) the rows are written there: a lost executor later costs a re-read, and Spark reruns
+    the lost tasks within the job. Without one, a local checkpoint keeps them in the executors'
+    block managers: faster, but an executor lost afterwards fails the job ("Checkpoint block ... not
+    found"), and the apply converges only when re-run (docs/LAKE.md, "On a cluster").
+    """
+    if frame.sparkSession.sparkContext.getCheckpointDir():
+        return frame.checkpoint(eager=True)
+    return frame.localCheckpoint()
+
+
 def key_struct(keys: Sequence[str], source: str | None = None) -> Column:
     """The key as a struct column, from the row (``source=None``) or from struct column ``source``."""
     if source is None:
@@ -160,24 +178,24 @@ def fill_unchanged(
     columns = (VALUE, STILL_UNCHANGED, POINTER, TARGET_KEY)
     for name in filled:
         unchanged = sf.array_contains(UNCHANGED, name) & (sf.col(EVENT_KIND) == UPSERT)
-        cells = base.select(
-            EVENT_ID,
-            column(name).alias(VALUE),
-            unchanged.alias(STILL_UNCHANGED),
-            sf.when(unchanged, sf.col(PREDECESSOR)).alias(POINTER),
-            sf.when(unchanged, sf.col(LOOKUP_KEY)).alias(TARGET_KEY),
-        ).localCheckpoint()
+        cells = materialize(
+            base.select(
+                EVENT_ID,
+                column(name).alias(VALUE),
+                unchanged.alias(STILL_UNCHANGED),
+                sf.when(unchanged, sf.col(PREDECESSOR)).alias(POINTER),
+                sf.when(unchanged, sf.col(LOOKUP_KEY)).alias(TARGET_KEY),
+            )
+        )
         for _ in range(64):  # each round doubles the chain length resolved: 2**64 is never reached
             if not cells.where(sf.col(STILL_UNCHANGED) & sf.col(POINTER).isNotNull()).limit(1).count():
                 break
             prev = cells.select(*[sf.col(c).alias(f"p{c}") for c in (EVENT_ID, *columns)])
             jump = sf.col(STILL_UNCHANGED) & sf.col(POINTER).isNotNull()
-            cells = (
-                cells.join(prev, sf.col(POINTER) == sf.col(f"p{EVENT_ID}"), "left")
-                .select(
+            cells = materialize(
+                cells.join(prev, sf.col(POINTER) == sf.col(f"p{EVENT_ID}"), "left").select(
                     EVENT_ID, *[sf.when(jump, sf.col(f"p{c}")).otherwise(sf.col(c)).alias(c) for c in columns]
                 )
-                .localCheckpoint()
             )
         else:
             raise RuntimeError(f"unchanged TOAST column {name!r}: its predecessor chain does not end")
@@ -222,7 +240,7 @@ def net_effect(
         rows = final_rows(events).select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
         return NetEffect(rows, truncate is not None)
     lookup = target.limit(0) if truncate is not None else target
-    final = final_rows(fill_unchanged(events, lookup, keys, filled)).localCheckpoint()
+    final = materialize(final_rows(fill_unchanged(events, lookup, keys, filled)))
     rows = final.select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
     unfilled = final.where((sf.col(EVENT_KIND) == UPSERT) & (sf.size(UNFILLED) > 0)).select(ROW_KEY, UNFILLED)
     return NetEffect(rows, truncate is not None, unfilled)

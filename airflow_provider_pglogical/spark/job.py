@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_pglogical.errors import PgLogicalError
 from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_pglogical.spark.changes import CHECKPOINT_DIR_CONF
 
 JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
 
@@ -37,6 +38,7 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
     started_here = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
     spark = SparkSession.builder.appName(parser.prog).getOrCreate()
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    checkpoints = _use_checkpoint_dir(spark)
     try:
         config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix)
         for line in body(spark, config, args):
@@ -49,5 +51,31 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
         print(f"{parser.prog}: unexpected failure:\n{traceback.format_exc()}", file=sys.stderr)
         return 1
     finally:
+        if checkpoints is not None:
+            _delete(spark, checkpoints)
         if started_here:
             spark.stop()
+
+
+def _use_checkpoint_dir(spark: SparkSession) -> str | None:
+    """Reliable checkpoints under ``spark.pglogical.checkpointDir`` when set (``changes.materialize``).
+
+    Spark makes a directory of its own under it for this application; that one is returned, to be
+    deleted when the job ends (the checkpoints only serve the job's own stages).
+    """
+    root = spark.conf.get(CHECKPOINT_DIR_CONF, "") or ""
+    if not root:
+        return None
+    context = spark.sparkContext
+    context.setCheckpointDir(root)
+    return context.getCheckpointDir()
+
+
+def _delete(spark: SparkSession, directory: str) -> None:
+    """Delete ``directory`` on whatever Hadoop file system it is (best effort: it holds only scratch)."""
+    jvm: Any = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(directory)
+    try:
+        path.getFileSystem(spark._jsc.hadoopConfiguration()).delete(path, True)  # type: ignore[union-attr]
+    except Exception as exc:  # the job's outcome does not depend on its scratch space
+        logging.getLogger(__name__).warning("could not delete checkpoint directory %s: %s", directory, exc)

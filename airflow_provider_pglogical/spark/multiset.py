@@ -34,6 +34,7 @@ from airflow_provider_pglogical.spark.changes import (
     UNCHANGED,
     column,
     last_truncate,
+    materialize,
     order_after,
 )
 from airflow_provider_pglogical.spark.iceberg import quote, temp_view
@@ -160,7 +161,7 @@ def net_counts(changes: DataFrame, columns: Sequence[StructField], table: str) -
         *[old(c).alias(c.name) for c in columns], sf.lit(-1).alias(DELTA)
     )
     deltas = _count_by_row(added.unionByName(removed), columns, sf.sum(DELTA), DELTA)
-    return MultisetEffect(deltas.where(sf.col(DELTA) != 0).localCheckpoint(), truncate is not None)
+    return MultisetEffect(materialize(deltas.where(sf.col(DELTA) != 0)), truncate is not None)
 
 
 def removals(effect: MultisetEffect, names: Sequence[str]) -> DataFrame:
@@ -225,7 +226,7 @@ def merge_source(
     scanned = existing
     if bounds is not None:
         scanned = existing.where(f"{quote(names[0])} BETWEEN {bounds[0]} AND {bounds[1]}")
-    counted = _with_counts(decreased, scanned, columns).localCheckpoint()
+    counted = materialize(_with_counts(decreased, scanned, columns))
     if counted.where(sf.col(COUNT) + sf.col(DELTA) < 0).limit(1).count():
         _diverged(table)
     replaced = counted.select(*[column(n) for n in names], sf.lit(REPLACE).alias(FLAG))
@@ -282,7 +283,7 @@ def merge_statement(
     if not effect.truncated and not effect.deltas.limit(1).count():
         return None
     names = [c.name for c in columns]
-    source = merge_source(effect, existing, columns, table, bounds).localCheckpoint()
+    source = materialize(merge_source(effect, existing, columns, table, bounds))
     view = temp_view(source)
     carried = set(names)
     values = ", ".join(f"s.{quote(f.name)}" if f.name in carried else "NULL" for f in schema.fields)

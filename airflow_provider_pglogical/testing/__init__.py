@@ -4,7 +4,9 @@
 :mod:`.pg_binaries` picks the major), :mod:`.standby` a hot standby of one (:class:`PostgresStandby`);
 :mod:`.airflow_cli` a private ``AIRFLOW_HOME`` for ``airflow dags test`` (:class:`AirflowSandbox`);
 :mod:`.airflow_services` the scheduler and API server for backfills and re-runs
-(:class:`AirflowServices`); :mod:`.processes` the process helpers they share.
+(:class:`AirflowServices`); :mod:`.spark_cluster` a Spark standalone master and workers
+(:class:`SparkStandaloneCluster`); :mod:`.s3` an S3 server on SeaweedFS (:class:`S3Server`);
+:mod:`.processes` the process helpers they share.
 
 Example::
 
@@ -15,10 +17,17 @@ Example::
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.errors import AirflowApiError, PostgresNotFoundError
+from airflow_provider_pglogical.errors import (
+    AirflowApiError,
+    PostgresNotFoundError,
+    SeaweedFsNotFoundError,
+    SparkNotFoundError,
+)
 from airflow_provider_pglogical.testing.airflow_cli import AirflowSandbox, AssetEventRecord, DagRunResult
 from airflow_provider_pglogical.testing.airflow_services import AirflowServices, DagRunRecord, SchedulerResult
 from airflow_provider_pglogical.testing.postgres import PostgresCluster, find_postgres_bindir
+from airflow_provider_pglogical.testing.s3 import S3Server
+from airflow_provider_pglogical.testing.spark_cluster import SparkStandaloneCluster
 from airflow_provider_pglogical.testing.standby import PostgresStandby
 
 __all__ = [
@@ -31,6 +40,10 @@ __all__ = [
     "PostgresCluster",
     "PostgresNotFoundError",
     "PostgresStandby",
+    "S3Server",
     "SchedulerResult",
+    "SeaweedFsNotFoundError",
+    "SparkNotFoundError",
+    "SparkStandaloneCluster",
     "find_postgres_bindir",
 ]

@@ -8,14 +8,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
-__all__ = ["free_port", "process_group_alive", "run_merged_output", "terminate_process_groups"]
+__all__ = [
+    "free_port",
+    "process_group_alive",
+    "program_beside_python",
+    "run_merged_output",
+    "terminate_process_groups",
+]
+
+
+def program_beside_python(name: str) -> Path | None:
+    """``name`` from this Python's ``bin`` (a virtualenv's scripts, activated or not), else ``PATH``."""
+    beside = Path(sys.executable).with_name(name)
+    if beside.is_file():
+        return beside
+    found = shutil.which(name)
+    return Path(found) if found else None
 
 
 def free_port() -> int:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import psycopg2
 
+from airflow_provider_pglogical.engine.object_store import S3Options
 from airflow_provider_pglogical.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_pglogical.engine.snapshot.exported import HOLDER_ADVICE
 from airflow_provider_pglogical.engine.snapshot.local_engine import (
@@ -135,6 +136,7 @@ class SnapshotRun:
         is never one (the pipeline's own slot keeps its setting).
     :param progress_interval: seconds between progress log lines and holder checks.
     :param on_progress: called with :class:`SnapshotProgress` at each phase and interval.
+    :param staging_options: endpoint and credentials of an ``s3://`` staging store.
     """
 
     def __init__(
@@ -153,6 +155,7 @@ class SnapshotRun:
         min_range_bytes: int = DEFAULT_MIN_RANGE_BYTES,
         progress_interval: float = 5.0,
         on_progress: ProgressCallback | None = None,
+        staging_options: S3Options | None = None,
     ) -> None:
         if not publications:
             raise ValueError("at least one publication is required")
@@ -161,7 +164,7 @@ class SnapshotRun:
         self.conn_params = conn_params
         self.slot = validate_slot_name(slot)
         self.publications = tuple(publications)
-        self.location = StagingLocation.resolve(staging)
+        self.location = StagingLocation.resolve(staging, staging_options)
         self.tables = tuple(tables) if tables else None
         self.slot_mode = slot_mode
         self.recreate_slot = recreate_slot
@@ -217,6 +220,7 @@ class SnapshotRun:
     def start(self) -> list[TablePlan]:
         """Check inputs, create the slot exporting its snapshot, and plan the tables inside it."""
         self._started = time.monotonic()
+        self.location.check_access()  # a missing bucket or refused key stops before a slot exists
         self._catalog = connect(self.conn_params)
         self.database = self._catalog.get_dsn_parameters().get("dbname", "")
         # Fail on bad publications/tables before a slot exists; the snapshot re-reads them below.
@@ -488,13 +492,15 @@ class SnapshotRun:
             conn.close()
 
 
-def staged_snapshot(staging: str, slot: str) -> tuple[str, Manifest] | None:
+def staged_snapshot(
+    staging: str, slot: str, staging_options: S3Options | None = None
+) -> tuple[str, Manifest] | None:
     """The newest complete snapshot that ``slot`` itself exported (not a re-snapshot), if staged.
 
     Returns its manifest URI and manifest: what a re-run of an initial or recovery snapshot
     hands to its load again when the slot already exists.
     """
-    location = StagingLocation.resolve(staging)
+    location = StagingLocation.resolve(staging, staging_options)
     for name, complete in sorted(location.list_batches(slot, prefix=SNAPSHOT_PREFIX), reverse=True):
         if not complete:
             continue

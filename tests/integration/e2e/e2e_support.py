@@ -6,10 +6,15 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from airflow_provider_pglogical.engine.lake_catalog import load_table, open_catalog, owned_tables, table_state
 from airflow_provider_pglogical.formats.lake import LakeConfig, TableState, local_lake
+from airflow_provider_pglogical.formats.layout import table_dir_name
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH, job_py_files, local_jars
 
@@ -68,3 +73,30 @@ def lake_snapshots(lake: LakeConfig, slot: str) -> dict[str, int | None]:
         current = table.current_snapshot()
         snapshots[".".join(table.name()[-2:])] = current.snapshot_id if current is not None else None
     return snapshots
+
+
+def assert_changelog_exactly_once(lake: LakeConfig, batch_dirs: Sequence[Path], tables: Sequence[str]) -> int:
+    """Every change staged in ``batch_dirs`` is in its table's changelog exactly once; returns the count.
+
+    Whatever the crashes repeated (an apply re-run, a retried drain), the changelog holds each
+    staged change once: as many rows as were staged, no ``(commit LSN, sequence)`` twice.
+    """
+    catalog = open_catalog(lake)
+    total = 0
+    for qualified in tables:
+        schema, table = qualified.split(".")
+        staged = sum(
+            pq.ParquetFile(part).metadata.num_rows
+            for d in batch_dirs
+            for part in (d / table_dir_name(schema, table)).glob("*.parquet")
+        )
+        changelog = (
+            catalog.load_table(lake.changelog_identifier(schema, table))
+            .scan(selected_fields=("_pgl_commit_lsn", "_pgl_seq"))
+            .to_arrow()
+        )
+        assert changelog.num_rows == staged, qualified
+        counts = Counter(zip(*changelog.to_pydict().values(), strict=True))
+        assert max(counts.values(), default=1) == 1, qualified
+        total += staged
+    return total

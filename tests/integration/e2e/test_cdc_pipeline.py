@@ -8,20 +8,18 @@ acknowledged. The next scheduled run must converge, with every change in the cha
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import latest_cut, open_catalog
+from airflow_provider_pglogical.engine.lake_catalog import latest_cut
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.layout import table_dir_name
 from airflow_provider_pglogical.replication import connect, describe_slot
 from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from tests.integration.e2e.e2e_support import assert_changelog_exactly_once as changelog_exactly_once
 from tests.integration.e2e.e2e_support import lake_state, make_lake, spark_apply
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
@@ -106,19 +104,4 @@ def assert_changelog_exactly_once(lake: LakeConfig, staging: Path) -> None:
     """Every staged change is in the changelog exactly once, whatever the crashes repeated."""
     batch_dirs = sorted(p for p in (staging / SLOT).iterdir() if p.name.startswith("batch-"))
     assert len(batch_dirs) == 4
-    catalog = open_catalog(lake)
-    for qualified in TABLES:
-        schema, table = qualified.split(".")
-        staged = sum(
-            pq.ParquetFile(part).metadata.num_rows
-            for d in batch_dirs
-            for part in (d / table_dir_name(schema, table)).glob("*.parquet")
-        )
-        changelog = (
-            catalog.load_table(lake.changelog_identifier(schema, table))
-            .scan(selected_fields=("_pgl_commit_lsn", "_pgl_seq"))
-            .to_arrow()
-        )
-        assert changelog.num_rows == staged, qualified
-        counts = Counter(zip(*changelog.to_pydict().values(), strict=True))
-        assert max(counts.values()) == 1, qualified
+    changelog_exactly_once(lake, batch_dirs, TABLES)

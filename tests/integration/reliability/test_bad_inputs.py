@@ -29,7 +29,7 @@ from airflow_provider_pglogical.errors import RECOVERY_DAG
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.pgoutput import BatchDecoder
 from airflow_provider_pglogical.replication import connect, connect_replication, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_pglogical.testing import PostgresCluster, S3Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -121,6 +121,15 @@ CATALOGUE: tuple[BadInput, ...] = (
         "StagingNotWritableError",
         ("cannot create", "Read-only file system", "Check the staging location"),
         "Fix the staging location's permissions or mount; the slot did not move, so run the drain again.",
+    ),
+    BadInput(
+        "refused-staging",
+        "the staging bucket does not exist, or the object store refuses the staging connection's keys",
+        "drain, snapshot, staging retention",
+        "StagingAccessError",
+        ("refused access to bucket 'staging'", "access key id and secret", "the slot did not move"),
+        "Create the bucket or correct the `aws` connection named by `staging_conn_id` (key id, secret, "
+        "endpoint); nothing moved, run the task again.",
     ),
     BadInput(
         "unreachable-catalog",
@@ -339,6 +348,17 @@ def unwritable_staging(env: Env) -> Outcome:
     return raised(lambda: env.drain(staging=str(staging)))
 
 
+def refused_staging(env: Env) -> Outcome:
+    from airflow_provider_pglogical.engine.object_store import S3Options
+
+    s3: S3Server = env.request.getfixturevalue("s3_server")
+    _published(env)
+    env.slot("cdc")
+    wrong = S3Options(s3.access_key, "not-the-secret", endpoint_url=s3.endpoint_url)
+    settings = DrainSettings("cdc", ("pub",), "s3://staging/catalogue", staging_options=wrong)
+    return raised(lambda: drain_batch(env.dsn, settings))
+
+
 def _lake_ack(env: Env, slot: str, manifest: str, lake_root: Path) -> Outcome:
     from airflow_provider_pglogical.formats.lake import local_lake
     from airflow_provider_pglogical.hooks.lake import connection_json
@@ -533,6 +553,7 @@ RUNS: dict[str, Callable[[Env], Outcome]] = {
     "lost-slot": lost_slot,
     "missing-publication": missing_publication,
     "unwritable-staging": unwritable_staging,
+    "refused-staging": refused_staging,
     "unreachable-catalog": unreachable_catalog,
     "foreign-manifest": foreign_manifest,
     "incompatible-schema": incompatible_schema,
@@ -542,6 +563,12 @@ RUNS: dict[str, Callable[[Env], Outcome]] = {
     "dead-snapshot": dead_snapshot,
     "dropped-table": dropped_table,
 }
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[S3Server]:
+    with S3Server(buckets=["staging"]) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
