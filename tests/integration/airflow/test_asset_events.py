@@ -162,6 +162,7 @@ def test_cdc_asset_events_schedule_the_downstream_dag_on_the_exact_cut(
     shop = ShopWorkload(dsn, seed=22)
     shop.create_schema()
     shop.initial_load()
+    (tmp_path / "lake").mkdir()
     lake = local_lake(str(tmp_path / "lake"), catalog="lake_assets")  # its own name in the shared session
     lake_conn = connection_json(lake)
     sandbox = AirflowSandbox(

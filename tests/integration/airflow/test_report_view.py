@@ -95,6 +95,12 @@ def _lake_with_empty_table(root: Path) -> str:
 
 
 @pytest.fixture(scope="module")
+def pg_cluster(pg_default_cluster: PostgresCluster) -> PostgresCluster:
+    """The session's default server, for this module's module-scoped pipeline (tests/conftest.py)."""
+    return pg_default_cluster
+
+
+@pytest.fixture(scope="module")
 def deployment(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("report_view")
     pg_cluster.execute("CREATE DATABASE shop_report")

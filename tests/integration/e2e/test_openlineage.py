@@ -69,6 +69,12 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
+def pg_cluster(pg_default_cluster: PostgresCluster) -> PostgresCluster:
+    """The session's default server, for this module's module-scoped pipeline (tests/conftest.py)."""
+    return pg_default_cluster
+
+
+@pytest.fixture(scope="module")
 def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     tmp = tmp_path_factory.mktemp("openlineage")
     database = f"lineage_{uuid.uuid4().hex[:8]}"

@@ -81,6 +81,12 @@ def add_empty_table(config: LakeConfig) -> None:
 
 
 @pytest.fixture(scope="module")
+def pg_cluster(pg_default_cluster: PostgresCluster) -> PostgresCluster:
+    """The session's default server, for this module's module-scoped pipeline (tests/conftest.py)."""
+    return pg_default_cluster
+
+
+@pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory, pg_cluster: PostgresCluster) -> Iterator[
         tuple[str, LakeConfig]]:  # fmt: skip
     pg_cluster.execute("CREATE DATABASE report_model")
