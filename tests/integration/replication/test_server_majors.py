@@ -59,10 +59,9 @@ def test_protocol_4_parallel_streaming_stages_what_the_peek_stages(
         sql.SQL("ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'").format(sql.Identifier(db))
     )
     pg18_cluster.execute(
-        "CREATE TABLE t (id int PRIMARY KEY, note text); CREATE PUBLICATION pub FOR TABLE t;"
-        "SELECT pg_create_logical_replication_slot('p4', 'pgoutput')",
-        db,
+        "CREATE TABLE t (id int PRIMARY KEY, note text); CREATE PUBLICATION pub FOR TABLE t", db
     )
+    pg18_cluster.execute("SELECT pg_create_logical_replication_slot('p4', 'pgoutput')", db)
     pg18_cluster.execute(
         "BEGIN; INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 3000) g; SAVEPOINT s;"
         " INSERT INTO t SELECT g, 'gone' FROM generate_series(3001, 4000) g; ROLLBACK TO SAVEPOINT s;"
