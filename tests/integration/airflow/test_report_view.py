@@ -146,9 +146,12 @@ def deployment(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
     services = UserServices(sandbox)
     services.passwords = tmp / "passwords.json"
     services.passwords.write_text(json.dumps({user: password for user, (_, password) in USERS.items()}))
-    with services:
-        yield Deployment(services, dsn, lake, tmp)
-    silent.close()
+    try:
+        with services:
+            yield Deployment(services, dsn, lake, tmp)
+    finally:
+        silent.close()
+        pg_cluster.drop_database("shop_report")  # and its slot: later tests list every slot of the server
 
 
 def _lag(dsn: str) -> int:

@@ -71,7 +71,9 @@ def test_both_transports_stage_identical_batches_without_moving_the_slot(
     assert describe_slot(conn, "cdc").confirmed_flush_lsn == before
     conn.close()
     peek, stream = results["peek"], results["stream"]
-    assert peek.manifest.end_lsn == stream.manifest.end_lsn > before
+    # Each drain bounds its window by the WAL flushed when it starts: WAL the server writes between the
+    # two (autovacuum, a running-xacts record) moves the second bound on, and holds no published change.
+    assert before < peek.manifest.end_lsn <= stream.manifest.end_lsn
     assert peek.manifest.stats.transactions == stream.manifest.stats.transactions == 5
     staged = staged_tables(peek)["public.items"]
     assert staged.equals(staged_tables(stream)["public.items"])
