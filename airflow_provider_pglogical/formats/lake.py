@@ -38,8 +38,9 @@ APPLIED_END_LSN = "pgl.applied-end-lsn"
 # (schema_changes.encode_columns): the next batch's schema changes are classified against it.
 SOURCE_COLUMNS = "pgl.source-columns"
 # What a commit applied, for Asset events, metrics and the pglogical view: the batch's changes by
-# kind (INSERTED holds a snapshot load's rows), when the job began the table's step (epoch ms; the
-# snapshot's own timestamp ends it) and the commit time of the batch's newest transaction.
+# kind (batches only: a load's rows are Iceberg's added-records), when the job began the table's
+# step (epoch ms; the snapshot's own timestamp ends it) and the commit time of the batch's newest
+# transaction.
 INSERTED = "pgl.inserted"
 UPDATED = "pgl.updated"
 DELETED = "pgl.deleted"
@@ -196,10 +197,11 @@ def commit_summary(
 
 
 def applied_summary(
-    counts: Mapping[str, int], started_ms: int, newest_commit_time: str | None
+    counts: Mapping[str, int] | None, started_ms: int, newest_commit_time: str | None
 ) -> dict[str, str]:
-    """The summary properties saying what a commit applied: ``counts`` by staged operation code."""
-    summary = {key: str(int(counts.get(op, 0))) for op, key in CHANGE_KEYS.items()}
+    """The summary properties saying what a commit applied: ``counts`` by staged operation code
+    (``None`` for a snapshot load, whose rows Iceberg's own ``added-records`` counts)."""
+    summary = {} if counts is None else {key: str(int(counts.get(op, 0))) for op, key in CHANGE_KEYS.items()}
     summary[STARTED_MS] = str(int(started_ms))
     if newest_commit_time:
         summary[NEWEST_COMMIT_TIME] = newest_commit_time

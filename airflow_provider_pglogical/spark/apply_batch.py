@@ -144,7 +144,8 @@ class ApplyJob:
             slot=m.slot, kind=m.kind, batch_id=m.batch_id, start_lsn=m.start_lsn, end_lsn=m.end_lsn,
             base_lsn=base_lsn, applied_end_lsn=applied_end_lsn,
         )  # fmt: skip
-        summary.update(lake.applied_summary(counts or {}, int(started * 1000), m.stats.newest_commit_time))
+        batch_counts = (counts or {}) if m.kind == "batch" else None  # a load's rows: Iceberg's added-records
+        summary.update(lake.applied_summary(batch_counts, int(started * 1000), m.stats.newest_commit_time))
         if source_columns is not None:
             summary[lake.SOURCE_COLUMNS] = source_columns
         return summary
