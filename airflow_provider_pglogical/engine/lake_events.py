@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_pglogical.engine.lake_catalog import Cut, cut_at, load_table, open_catalog
+from airflow_provider_pglogical.engine.lake_catalog import Cut, lineage, load_table, open_catalog, summary_of
 from airflow_provider_pglogical.formats import lake
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.formats.lsn import Lsn
@@ -59,15 +59,12 @@ def _table_write(
 ) -> TableWrite | None:
     """The table's commit of this batch, newest first; None when the table holds none (skipped, or
     replaced by a newer load)."""
-    snapshot = table.current_snapshot()
-    while snapshot is not None:
-        summary = dict(snapshot.summary.additional_properties)
+    for snapshot in lineage(table):
+        summary = summary_of(snapshot)
         ours = summary.get(lake.SLOT) == manifest.slot and summary.get(lake.BATCH_ID) == manifest.batch_id
         if ours and lake.is_pipeline_commit(summary):
             break
-        parent = snapshot.parent_snapshot_id
-        snapshot = table.snapshot_by_id(parent) if parent is not None else None
-    if snapshot is None:
+    else:
         return None
     started = lake.summary_int(summary, lake.STARTED_MS)
     tag = lake.tag_name(manifest.end_lsn)
@@ -116,11 +113,6 @@ def table_event_extra(manifest: Manifest, write: TableWrite) -> dict[str, Any]:
         "lake_table": write.lake_table,
         "apply_seconds": write.apply_seconds,
     }
-
-
-def batch_cut(config: LakeConfig, manifest: Manifest) -> Cut:
-    """The lake at the batch's end: every table of the slot's pipeline, at its tag or history."""
-    return cut_at(config, manifest.slot, manifest.end_lsn)
 
 
 def latency_seconds(newest_commit_time: str | None, acked_at: datetime) -> float | None:

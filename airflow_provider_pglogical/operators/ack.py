@@ -10,8 +10,8 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_pglogical import metrics
 from airflow_provider_pglogical.assets import CUTS_ALIAS, alias, cut_asset
-from airflow_provider_pglogical.engine.lake_catalog import Cut, unapplied_tables
-from airflow_provider_pglogical.engine.lake_events import batch_cut, cut_event_extra, latency_seconds
+from airflow_provider_pglogical.engine.lake_catalog import Cut, cut_at, unapplied_tables
+from airflow_provider_pglogical.engine.lake_events import cut_event_extra, latency_seconds
 from airflow_provider_pglogical.engine.staging import read_manifest
 from airflow_provider_pglogical.errors import BatchNotAppliedError, ManifestSlotMismatchError
 from airflow_provider_pglogical.formats.lake import LakeConfig
@@ -85,7 +85,7 @@ class PgLogicalAckOperator(BaseOperator):
                 "the slot stays where it is. Run (or re-run) the apply task for this manifest first."
             )
         # Read before the slot moves: nothing after the advance may fail the ack.
-        cut = batch_cut(lake, manifest) if manifest.tables else None
+        cut = cut_at(lake, manifest.slot, manifest.end_lsn) if manifest.tables else None
         hook = self._get_hook()
         position = hook.advance_slot(self.slot_name, manifest.end_lsn)
         acked_at = datetime.now(UTC)
