@@ -8,6 +8,7 @@ quoted identifiers, so a hostile name is rejected, never executed.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -293,6 +294,7 @@ def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
     return Lsn.parse(end_lsn)
 
 
+DRAIN_LOCK_GRACE_SECONDS = 5.0
 _DRAIN_LOCK = "SELECT hashtextextended('airflow_provider_pglogical drain of ' || %s, 0)"
 
 
@@ -301,12 +303,19 @@ def hold_drain_lock(conn: Any, name: str) -> None:
 
     The peek reads a temporary copy of the slot, so the slot itself no longer shows a drain as
     its active consumer; this session-level advisory lock does, and the server releases it
-    when the connection ends, however it ends.
+    when the connection ends, however it ends. A drain that has just ended (a retry right after
+    a failed attempt) may still hold it while its backend exits, so a held lock is retried for
+    ``DRAIN_LOCK_GRACE_SECONDS`` before the drain gives up.
     """
+    deadline = time.monotonic() + DRAIN_LOCK_GRACE_SECONDS
     with conn.cursor() as cur:
-        cur.execute(f"SELECT pg_try_advisory_lock(({_DRAIN_LOCK}))", (name,))
-        if cur.fetchone()[0]:
-            return
+        while True:
+            cur.execute(f"SELECT pg_try_advisory_lock(({_DRAIN_LOCK}))", (name,))
+            if cur.fetchone()[0]:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
         cur.execute(
             "SELECT min(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import psycopg2
 import pytest
 
@@ -51,9 +53,18 @@ def test_exported_snapshot_sees_exactly_the_rows_before_the_slot(
 def test_snapshot_dies_with_its_connection(pg_dsn: str) -> None:
     holder = connect_replication(pg_dsn)
     created = create_slot_with_snapshot(holder, "short_lived", temporary=True)
+    pid = holder.get_backend_pid()
     holder.close()
     reader = connect(pg_dsn, autocommit=False)
     try:
+        # The backend exits after close() returns; its snapshot is importable until it has.
+        with reader.cursor() as cur:
+            for _ in range(100):
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+                if cur.fetchone()[0] == 0:
+                    break
+                time.sleep(0.05)
+        reader.rollback()
         with reader.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             with pytest.raises(psycopg2.errors.InvalidParameterValue, match="invalid snapshot identifier"):
