@@ -52,8 +52,13 @@ lint: venv
 	$(BIN)/mypy
 
 # The cluster tests (marker `cluster`: minutes of JVM start-ups each) run in `make test-cluster`.
+# WORKERS pytest-xdist processes share the suite by whole modules (module fixtures stay shared), in
+# the order tests/conftest.py gives: the longest modules first. Each worker starts its own
+# PostgreSQL clusters and Spark session. Two on two cores: most of a test's time is spent waiting
+# (on JVM and Airflow start-ups, a scheduler's loop, a server), not computing.
+WORKERS ?= 2
 test: lint lake-jars $(CHROMIUM)
-	$(BIN)/python -m pytest -m "not cluster"
+	$(BIN)/python -m pytest -m "not cluster" -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The pipeline on a Spark standalone cluster (two one-core workers, started by the tests): the
 # end-to-end CDC run under writes with executors and the driver killed mid-apply (about 4 min).
