@@ -36,10 +36,9 @@ from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from tests.integration.e2e.e2e_support import lake_state
+from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.e2e.e2e_support import lake_state, pipeline_conf, pipeline_sandbox
 
-DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_assets"
 DOWNSTREAM = "pglogical_downstream_example"
 FIRST_ORDER = 1_000_000
@@ -165,19 +164,8 @@ def test_cdc_asset_events_schedule_the_downstream_dag_on_the_exact_cut(
     (tmp_path / "lake").mkdir()
     lake = local_lake(str(tmp_path / "lake"), catalog="lake_assets")  # its own name in the shared session
     lake_conn = connection_json(lake)
-    sandbox = AirflowSandbox(
-        tmp_path / "airflow",
-        DAGS,
-        connections={
-            "shop": pg_cluster.uri(pg_dbname),
-            "spark_local": "spark://local%5B2%5D",
-            "lake": lake_conn,
-        },
-    )
-    conf = {
-        "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT,
-        "staging": str(tmp_path / "staging"), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
+    conf = pipeline_conf(SLOT, tmp_path / "staging")
     writer = Writer(dsn)
     register_lake(spark, lake)
     with statsd_listener() as (port, stats), writing(writer):

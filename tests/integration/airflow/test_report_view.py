@@ -33,11 +33,10 @@ from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.plugins.pipelines import VARIABLE
 from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import AirflowSandbox, AirflowServices, PostgresCluster
+from airflow_provider_pglogical.testing import AirflowServices, PostgresCluster
 from airflow_provider_pglogical.testing.browser import HeadlessChromium, find_chromium
-from tests.integration.e2e.e2e_support import lake_state, make_lake
+from tests.integration.e2e.e2e_support import lake_state, make_lake, pipeline_conf, pipeline_sandbox
 
-DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_report"
 SECRET = "s3cret-lake-pw"
 USERS = {"reader": ("op", "reader-pw"), "viewer": ("viewer", "viewer-pw")}
@@ -123,22 +122,18 @@ def deployment(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
         {"conn_id": "shop", "slot": SLOT, "lake_conn_id": "dead_lake", "timeout": 5},
         {"conn_id": "slow_source", "slot": SLOT, "lake_conn_id": "fresh_lake", "timeout": 2},
     ]
-    sandbox = AirflowSandbox(
+    sandbox = pipeline_sandbox(
         tmp / "airflow",
-        DAGS,
+        pg_cluster.uri("shop_report"),
+        lake_conn,
         connections={
-            "shop": pg_cluster.uri("shop_report"),
             "slow_source": f"postgresql://nobody@127.0.0.1:{silent.getsockname()[1]}/x",
-            "spark_local": "spark://local%5B2%5D",
-            "lake": lake_conn,
             "dead_lake": connection_json(dead),
             "fresh_lake": _lake_with_empty_table(tmp / "fresh_lake"),
         },
         env={f"AIRFLOW_VAR_{VARIABLE.upper()}": json.dumps(pipelines)},
     )
-    conf = {"pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT,
-            "staging": str(tmp / "staging"), "lake_conn_id": "lake",
-            "spark_conn_id": "spark_local"}  # fmt: skip
+    conf = pipeline_conf(SLOT, tmp / "staging")
     sandbox.dags_test("pglogical_initial_snapshot", conf).check()
     for _ in range(2):
         shop.step()

@@ -1,4 +1,5 @@
-"""Shared by the end-to-end tests: the apply job as the operator submits it, and the lake read back."""
+"""Shared by the end-to-end tests: an Airflow home for the example DAGs and their run conf, the apply
+job as the operator submits it, and the lake read back."""
 
 from __future__ import annotations
 
@@ -7,16 +8,23 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
+from airflow_provider_pglogical.demo.shop import PUBLICATION
 from airflow_provider_pglogical.engine.lake_catalog import load_table, open_catalog, owned_tables, table_state
 from airflow_provider_pglogical.formats.lake import LakeConfig, TableState, local_lake
 from airflow_provider_pglogical.formats.layout import table_dir_name
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.spark import APPLY_JOB_PATH, job_py_files, local_jars
+from airflow_provider_pglogical.testing import AirflowSandbox
+
+DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
+# local[2] for the Spark provider: unencoded brackets in a connection URI make it fall back to yarn.
+SPARK_LOCAL = "spark://local%5B2%5D"
 
 
 def make_lake(root: Path) -> tuple[LakeConfig, str]:
@@ -24,6 +32,32 @@ def make_lake(root: Path) -> tuple[LakeConfig, str]:
     root.mkdir(parents=True, exist_ok=True)
     lake = local_lake(str(root))
     return lake, connection_json(lake)
+
+
+def pipeline_sandbox(
+    home: Path,
+    source_uri: str,
+    lake_conn: str,
+    *,
+    source_conn_id: str = "shop",
+    dags: Path = DAGS,
+    connections: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> AirflowSandbox:
+    """An Airflow home for the example DAGs with one pipeline's connections: the source (as
+    ``source_conn_id``), local Spark (``spark_local``) and the lake (``lake``), plus ``connections``."""
+    pipeline = {source_conn_id: source_uri, "spark_local": SPARK_LOCAL, "lake": lake_conn}
+    return AirflowSandbox(home, dags, connections={**pipeline, **(connections or {})}, env=env)
+
+
+def pipeline_conf(
+    slot: str, staging: Path | str, *, conn_id: str = "shop", publication: str = PUBLICATION
+) -> dict[str, Any]:
+    """The example DAGs' run conf for one pipeline, naming :func:`pipeline_sandbox`'s connections."""
+    return {
+        "pglogical_conn_id": conn_id, "publication": publication, "slot": slot, "staging": str(staging),
+        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
+    }  # fmt: skip
 
 
 def spark_submit_command(

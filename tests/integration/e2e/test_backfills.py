@@ -30,10 +30,16 @@ from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorklo
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from tests.integration.e2e.e2e_support import lake_snapshots, lake_state, make_lake, spark_apply
+from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.e2e.e2e_support import (
+    lake_snapshots,
+    lake_state,
+    make_lake,
+    pipeline_conf,
+    pipeline_sandbox,
+    spark_apply,
+)
 
-DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_backfill"
 REFUNDS = {"table": "public.refunds", "columns": ["id", "order_id", "amount"], "row_filter": "amount > 0"}
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
@@ -118,19 +124,8 @@ def test_backfills_while_cdc_runs_end_equal(
     )
     staging = tmp_path / "staging"
     lake, lake_conn = make_lake(tmp_path / "lake")
-    sandbox = AirflowSandbox(
-        tmp_path / "airflow",
-        DAGS,
-        connections={
-            "shop": pg_cluster.uri(pg_dbname),
-            "spark_local": "spark://local%5B2%5D",
-            "lake": lake_conn,
-        },
-    )
-    conf: dict[str, Any] = {
-        "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),
-        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
+    conf = pipeline_conf(SLOT, staging)
     sandbox.dags_test("pglogical_initial_snapshot", conf).check()
     shop.step()
     sandbox.dags_test("pglogical_cdc_microbatch", conf).check()

@@ -21,10 +21,9 @@ from psycopg2 import sql
 
 from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from tests.integration.e2e.e2e_support import make_lake
+from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.e2e.e2e_support import make_lake, pipeline_conf, pipeline_sandbox
 
-DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 DAG_ID = "pglogical_cdc_on_lag"
 SLOT = "shop_on_lag"
 THRESHOLD = 4 << 20  # several shop rounds: one round stays under it
@@ -60,10 +59,7 @@ def test_cdc_dag_starts_by_itself_once_the_lag_crosses_the_threshold(
     shop.initial_load()
     staging = tmp_path / "staging"
     lake, lake_conn = make_lake(tmp_path / "lake")
-    conf = {
-        "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),
-        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    conf = pipeline_conf(SLOT, staging)
     watcher_env = {
         "PGLOGICAL_ON_LAG_SLOT": SLOT, "PGLOGICAL_ON_LAG_PUBLICATION": PUBLICATION,
         "PGLOGICAL_ON_LAG_CONN_ID": "shop", "PGLOGICAL_ON_LAG_STAGING": str(staging),
@@ -71,16 +67,7 @@ def test_cdc_dag_starts_by_itself_once_the_lag_crosses_the_threshold(
         "PGLOGICAL_ON_LAG_MIN_LAG_BYTES": str(THRESHOLD), "PGLOGICAL_ON_LAG_MAX_LAG_AGE": "",
         "PGLOGICAL_ON_LAG_POKE_INTERVAL": "1",
     }  # fmt: skip
-    sandbox = AirflowSandbox(
-        tmp_path / "airflow",
-        DAGS,
-        connections={
-            "shop": pg_cluster.uri(pg_dbname),
-            "spark_local": "spark://local%5B2%5D",
-            "lake": lake_conn,
-        },
-        env=watcher_env,
-    )
+    sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn, env=watcher_env)
     sandbox.dags_test("pglogical_initial_snapshot", conf).check()
 
     with sandbox.services(triggerer=True, job_schedule=True) as services:

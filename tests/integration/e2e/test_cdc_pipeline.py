@@ -18,11 +18,16 @@ from airflow_provider_pglogical.engine.lake_catalog import latest_cut
 from airflow_provider_pglogical.engine.verify import compare_tables, format_report
 from airflow_provider_pglogical.formats.lake import LakeConfig
 from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_pglogical.testing import PostgresCluster
 from tests.integration.e2e.e2e_support import assert_changelog_exactly_once as changelog_exactly_once
-from tests.integration.e2e.e2e_support import lake_state, make_lake, spark_apply
+from tests.integration.e2e.e2e_support import (
+    lake_state,
+    make_lake,
+    pipeline_conf,
+    pipeline_sandbox,
+    spark_apply,
+)
 
-DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "shop_cdc"
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
@@ -37,19 +42,8 @@ def test_snapshot_batches_and_crashes_end_equal(
     shop.initial_load()
     staging = tmp_path / "staging"
     lake, lake_conn = make_lake(tmp_path / "lake")
-    sandbox = AirflowSandbox(
-        tmp_path / "airflow",
-        DAGS,
-        connections={
-            "shop": pg_cluster.uri(pg_dbname),
-            "spark_local": "spark://local%5B2%5D",
-            "lake": lake_conn,
-        },
-    )
-    conf = {
-        "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),
-        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
+    conf = pipeline_conf(SLOT, staging)
     sandbox.dags_test("pglogical_initial_snapshot", conf).check()
 
     shop.step()

@@ -13,7 +13,6 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -24,10 +23,9 @@ from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
 from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.lineage.facets import schema_of
 from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import AirflowSandbox, AssetEventRecord, PostgresCluster
-from tests.integration.e2e.e2e_support import make_lake
+from airflow_provider_pglogical.testing import AssetEventRecord, PostgresCluster
+from tests.integration.e2e.e2e_support import make_lake, pipeline_conf, pipeline_sandbox
 
-DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "lineage_slot"
 PUBLICATION = "lineage_pub"
 SCHEMA, TABLE = "Sales.EU", "v1.2 orders%ü"
@@ -83,14 +81,11 @@ def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) 
         cur.execute(SOURCE_DDL)
     lake, lake_conn = make_lake(tmp / "lake")
     events_file = tmp / "openlineage.jsonl"
-    sandbox = AirflowSandbox(
+    sandbox = pipeline_sandbox(
         tmp / "airflow",
-        DAGS,
-        connections={
-            "src": pg_cluster.uri(database),
-            "spark_local": "spark://local%5B2%5D",
-            "lake": lake_conn,
-        },
+        pg_cluster.uri(database),
+        lake_conn,
+        source_conn_id="src",
         env={
             "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
                 {"type": "file", "log_file_path": str(events_file), "append": True}
@@ -103,10 +98,7 @@ def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) 
             "AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD": "True",
         },
     )
-    conf = {
-        "pglogical_conn_id": "src", "publication": PUBLICATION, "slot": SLOT, "staging": str(tmp / "staging"),
-        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    conf = pipeline_conf(SLOT, tmp / "staging", conn_id="src", publication=PUBLICATION)
     try:
         for_log = [sandbox.dags_test("pglogical_initial_snapshot", conf).check()]
         with pg_cluster.connect(database) as conn, conn.cursor() as cur:

@@ -46,7 +46,7 @@ from airflow_provider_pglogical.replication import connect, describe_slot, peek_
 from airflow_provider_pglogical.spark.apply_batch import apply_manifest
 from airflow_provider_pglogical.spark.session import register_lake
 from airflow_provider_pglogical.testing import AirflowSandbox
-from tests.integration.e2e.e2e_support import spark_submit_command
+from tests.integration.e2e.e2e_support import SPARK_LOCAL, pipeline_conf, spark_submit_command
 from tests.integration.fidelity.steps import acknowledge
 from tests.integration.fidelity.workload import Transaction
 
@@ -151,7 +151,7 @@ class SoakPipeline:
         register_lake(self.spark, self.lake)
         self.sandbox.connections = {
             "soak": self.source_uri,
-            "spark_local": "spark://local%5B2%5D",
+            "spark_local": SPARK_LOCAL,
             "lake": connection_json(self.lake),
         }
 
@@ -312,10 +312,7 @@ class SoakPipeline:
         self.sandbox.migrate()
         trigger = self.rng.choice(["delay", "staged", "committed"])
         delay = self.rng.uniform(3.0, 30.0) if trigger == "delay" else self.rng.uniform(0.0, 10.0)
-        conf = {
-            "pglogical_conn_id": "soak", "publication": self.publication, "slot": SLOT,
-            "staging": str(self.staging), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-        }  # fmt: skip
+        conf = pipeline_conf(SLOT, self.staging, conn_id="soak", publication=self.publication)
         before = {d for d, _ in self.batches()}
         airflow = str(Path(sys.executable).with_name("airflow"))
         started = time.monotonic()

@@ -25,9 +25,9 @@ from airflow_provider_pglogical.errors import PrivilegeError
 from airflow_provider_pglogical.formats.lake import local_lake
 from airflow_provider_pglogical.hooks.lake import connection_json
 from airflow_provider_pglogical.replication.publications import TableSpec, publish_tables
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_pglogical.testing import PostgresCluster
+from tests.integration.e2e.e2e_support import DAGS, pipeline_conf, pipeline_sandbox
 
-DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 SLOT = "lp_cdc"
 # A re-snapshot through the Spark JDBC copy engine: the one path that hands the password to Spark.
 SPARK_SNAPSHOT_DAG = """
@@ -102,15 +102,8 @@ def test_replication_role_runs_everything_and_its_password_leaks_nowhere(
     (dags / "lp_spark_resnapshot.py").write_text(
         SPARK_SNAPSHOT_DAG.format(slot=SLOT, publication=PUBLICATION, staging=staging)
     )
-    sandbox = AirflowSandbox(
-        tmp_path / "airflow",
-        dags,
-        connections={"shop": uri, "spark_local": "spark://local%5B2%5D", "lake": connection_json(lake)},
-    )
-    conf = {
-        "pglogical_conn_id": "shop", "publication": PUBLICATION, "slot": SLOT, "staging": str(staging),
-        "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    sandbox = pipeline_sandbox(tmp_path / "airflow", uri, connection_json(lake), dags=dags)
+    conf = pipeline_conf(SLOT, staging)
     outputs = [sandbox.dags_test("pglogical_initial_snapshot", conf).check().output]
     shop.step()
     outputs.append(sandbox.dags_test("pglogical_cdc_microbatch", conf).check().output)
