@@ -206,7 +206,10 @@ def test_transactions_spanning_chunks_decode_the_same(
     pieces = drain_batch(
         cluster.dsn(db), DrainSettings("cdc", ("pub",), str(tmp_path / "pieces"), chunk_bytes=8192)
     )
-    assert pieces.manifest.end_lsn == whole.manifest.end_lsn
+    # The second drain's window may end later, by WAL the server wrote meanwhile that carries no
+    # change (its running-transactions records): the same start, and the same transactions staged.
+    assert pieces.manifest.start_lsn == whole.manifest.start_lsn
+    assert whole.manifest.end_lsn <= pieces.manifest.end_lsn
     assert pieces.manifest.stats.transactions == whole.manifest.stats.transactions == 5
     assert staged_tables(pieces)["public.items"].equals(staged_tables(whole)["public.items"])
 

@@ -226,10 +226,10 @@ def test_the_drain_stages_the_same_batch_split_or_not(
     split = drain_batch(
         cluster.dsn(db), DrainSettings("s", ("p",), str(tmp_path / "split"), max_messages=None)
     )
-    assert (split.manifest.start_lsn, split.manifest.end_lsn) == (
-        one.manifest.start_lsn,
-        one.manifest.end_lsn,
-    )
+    # The second window may end later, by WAL written meanwhile that carries no change; what is staged
+    # must be the same.
+    assert split.manifest.start_lsn == one.manifest.start_lsn
+    assert one.manifest.end_lsn <= split.manifest.end_lsn
     assert split.manifest.stats.changes == one.manifest.stats.changes > 1000
     assert staged_tables(split) == staged_tables(one)
 
