@@ -59,6 +59,7 @@ from airflow_provider_pglogical.replication.connection import ConnParams, read_r
 from airflow_provider_pglogical.replication.failover import (
     check_not_promoted,
     decodable_end,
+    require_standby_feedback,
     standbys_flushed,
 )
 from airflow_provider_pglogical.replication.features import PROTOCOL_4, require
@@ -372,6 +373,8 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
         slot = _check_slot(conn, settings)
         start = slot.confirmed_flush_lsn
         assert start is not None  # _check_slot refuses a slot without one
+        if slot.in_recovery:
+            require_standby_feedback(conn, settings.slot)
         hold_drain_lock(conn, settings.slot)
         batch_id = change_batch_id(start)
         batch_dir = location.batch_dir(settings.slot, batch_id)

@@ -30,6 +30,11 @@ from airflow_provider_pglogical.replication.slots import SlotInfo, describe_slot
 log = logging.getLogger(__name__)
 
 _RELOAD = "SELECT pg_reload_conf();"
+_NO_FEEDBACK = (
+    "hot_standby_feedback is off on this standby: the primary may remove catalog rows a logical slot "
+    'here still needs, which invalidates it (rows_removed). Run "ALTER SYSTEM SET hot_standby_feedback = '
+    f'on;" {_RELOAD}'
+)
 # Read through pg_settings: a setting missing from this major, or hidden from this role
 # (primary_conninfo is for superusers and pg_read_all_settings), reads as NULL instead of failing.
 _SETTINGS_SQL = """
@@ -76,13 +81,7 @@ class FailoverReport:
             ]
         found: list[PrerequisiteError] = []
         if self.hot_standby_feedback != "on":
-            found.append(
-                FailoverNotReadyError(
-                    "hot_standby_feedback is off on this standby: the primary may remove catalog rows a "
-                    'logical slot here still needs, which invalidates it (rows_removed). Run "ALTER SYSTEM '
-                    f'SET hot_standby_feedback = on;" {_RELOAD}'
-                )
-            )
+            found.append(FailoverNotReadyError(_NO_FEEDBACK))
         if not self.primary_slot_name:
             found.append(
                 FailoverNotReadyError(
@@ -246,6 +245,20 @@ def decodable_end(conn: Any) -> Lsn:
     with conn.cursor() as cur:
         cur.execute(_FLUSHED_SQL)
         return Lsn.parse(cur.fetchone()[0])
+
+
+def require_standby_feedback(conn: Any, slot: str) -> None:
+    """Refuse to decode on a standby without ``hot_standby_feedback``, before anything is read.
+
+    Decoding works there, until the primary's vacuum removes catalog rows the slot still needs and
+    PostgreSQL invalidates the slot (``rows_removed``): a re-snapshot of the whole lake. Stopping
+    first, with the fix, costs one failed run instead.
+    """
+    with conn.cursor() as cur:
+        cur.execute("SELECT current_setting('hot_standby_feedback')")
+        (feedback,) = cur.fetchone()
+    if feedback != "on":
+        raise FailoverNotReadyError(f"slot {slot!r} was not read and did not move: {_NO_FEEDBACK}")
 
 
 def check_not_promoted(conn: Any, slot: str, start: Lsn) -> None:

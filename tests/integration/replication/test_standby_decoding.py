@@ -3,9 +3,10 @@
 The combination that works: the initial snapshot taken on the standby (its replication connection
 exports a snapshot there, and the slot is created there, not as a failover slot), then drains by
 both transports, ``pglogical lag`` and the ack against the standby, while the primary takes the
-writes. A standby promoted in the middle of a drain makes that drain fail with
-``StandbyPromotedError``, staging nothing and leaving the slot where it was; the next drain reads
-the same window from the promoted server.
+writes. On a standby without ``hot_standby_feedback`` the drain refuses to read, naming the fix,
+before the primary's vacuum can invalidate the slot. A standby promoted in the middle of a drain
+makes that drain fail with ``StandbyPromotedError``, staging nothing and leaving the slot where it
+was; the next drain reads the same window from the promoted server.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ import pytest
 
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.errors import StandbyPromotedError
+from airflow_provider_pglogical.errors import FailoverNotReadyError, StandbyPromotedError
 from airflow_provider_pglogical.replication import advance_slot, connect, describe_slot
 from airflow_provider_pglogical.testing import PostgresCluster
 from airflow_provider_pglogical.testing.standby import PostgresStandby
@@ -98,6 +100,41 @@ def test_snapshot_drain_lag_and_ack_on_a_standby(
     assert staged["peek"] == staged["stream"]
     assert advance_slot(conn, SLOT, result.manifest.end_lsn) == result.manifest.end_lsn
     assert describe_slot(conn, SLOT).lag_bytes == 0
+    conn.close()
+
+
+def _set_feedback(standby: PostgresStandby, db: str, value: str) -> None:
+    """Set ``hot_standby_feedback`` on the standby and wait until new sessions see it."""
+    standby.execute(f"ALTER SYSTEM SET hot_standby_feedback = {value}")
+    standby.execute("SELECT pg_reload_conf()")
+    for _ in range(100):  # the postmaster applies the reload asynchronously
+        if standby.execute("SHOW hot_standby_feedback", db) == [(value,)]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"hot_standby_feedback did not become {value}")
+
+
+def test_a_standby_without_hot_standby_feedback_is_refused_before_the_drain_reads(
+    pair: tuple[PostgresCluster, PostgresStandby], tmp_path: Path
+) -> None:
+    primary, standby = pair
+    db = _database(primary, standby)
+    slot = "no_feedback"
+    _snapshot_on_standby(primary, standby, db, slot, tmp_path / "snapshot")
+    primary.execute("INSERT INTO t SELECT g, 'after' FROM generate_series(51, 80) g", db)
+    standby.wait_replayed()
+    conn = connect(standby.dsn(db))
+    start = describe_slot(conn, slot).confirmed_flush_lsn
+    settings = DrainSettings(slot, ("pub",), str(tmp_path / "staging"))
+    _set_feedback(standby, db, "off")
+    try:
+        with pytest.raises(FailoverNotReadyError, match=r"ALTER SYSTEM SET hot_standby_feedback = on"):
+            drain_batch(standby.dsn(db), settings)
+        assert describe_slot(conn, slot).confirmed_flush_lsn == start  # the slot did not move
+        assert not list((tmp_path / "staging" / slot).glob("batch-*"))  # nothing staged
+    finally:
+        _set_feedback(standby, db, "on")  # as PostgresStandby configures it
+    assert drain_batch(standby.dsn(db), settings).manifest.stats.changes == 30  # with the fix, it reads
     conn.close()
 
 
