@@ -138,12 +138,15 @@ async def resolve_host_async(params: Mapping[str, Any]) -> dict[str, Any]:
 async def connect_async(params: Mapping[str, Any], timeout: float) -> Any:
     """An asynchronous psycopg2 connection with the package's session settings and keepalives.
 
-    libpq ignores ``connect_timeout`` in non-blocking mode, so the wait is bounded here.
+    libpq ignores ``connect_timeout`` in non-blocking mode, so the wait is bounded here, by
+    ``asyncio.timeout``: Python 3.11's ``asyncio.wait_for`` can lose a cancellation that arrives as
+    the connect completes, and a trigger cancelled by the triggerer then polled on forever.
     """
     dsn, kwargs = libpq_arguments(await resolve_host_async(params), {})
     conn = psycopg2.connect(dsn, async_=True, **kwargs)
     try:
-        await asyncio.wait_for(wait_async(conn), timeout)
+        async with asyncio.timeout(timeout):
+            await wait_async(conn)
     except BaseException:
         conn.close()
         raise
