@@ -26,6 +26,7 @@ import pytest
 from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
 from airflow_provider_pglogical.engine.snapshot import take_snapshot
 from airflow_provider_pglogical.errors import FailoverNotReadyError, StandbyPromotedError
+from airflow_provider_pglogical.formats.lsn import Lsn
 from airflow_provider_pglogical.replication import advance_slot, connect, describe_slot
 from airflow_provider_pglogical.testing import PostgresCluster
 from airflow_provider_pglogical.testing.standby import PostgresStandby
@@ -103,6 +104,24 @@ def test_snapshot_drain_lag_and_ack_on_a_standby(
     conn.close()
 
 
+def _changes_pending_on_standby(
+    primary: PostgresCluster, standby: PostgresStandby, slot: str, rows: int, tmp_path: Path
+) -> tuple[str, Lsn]:
+    """A fresh database whose slot, snapshotted on the standby, has ``rows`` inserts replayed after it;
+    returns the database and the slot's confirmed position."""
+    db = _database(primary, standby)
+    _snapshot_on_standby(primary, standby, db, slot, tmp_path / "snapshot")
+    primary.execute(f"INSERT INTO t SELECT g, 'after' FROM generate_series(51, {50 + rows}) g", db)
+    standby.wait_replayed()
+    conn = connect(standby.dsn(db))
+    try:
+        start = describe_slot(conn, slot).confirmed_flush_lsn
+    finally:
+        conn.close()
+    assert start is not None
+    return db, start
+
+
 def _set_feedback(standby: PostgresStandby, db: str, value: str) -> None:
     """Set ``hot_standby_feedback`` on the standby and wait until new sessions see it."""
     standby.execute(f"ALTER SYSTEM SET hot_standby_feedback = {value}")
@@ -118,13 +137,9 @@ def test_a_standby_without_hot_standby_feedback_is_refused_before_the_drain_read
     pair: tuple[PostgresCluster, PostgresStandby], tmp_path: Path
 ) -> None:
     primary, standby = pair
-    db = _database(primary, standby)
     slot = "no_feedback"
-    _snapshot_on_standby(primary, standby, db, slot, tmp_path / "snapshot")
-    primary.execute("INSERT INTO t SELECT g, 'after' FROM generate_series(51, 80) g", db)
-    standby.wait_replayed()
+    db, start = _changes_pending_on_standby(primary, standby, slot, 30, tmp_path)
     conn = connect(standby.dsn(db))
-    start = describe_slot(conn, slot).confirmed_flush_lsn
     settings = DrainSettings(slot, ("pub",), str(tmp_path / "staging"))
     _set_feedback(standby, db, "off")
     try:
@@ -142,12 +157,8 @@ def test_a_standby_promoted_mid_drain_fails_the_drain_and_loses_nothing(
     pair: tuple[PostgresCluster, PostgresStandby], tmp_path: Path
 ) -> None:
     primary, standby = pair
-    db = _database(primary, standby)
     slot = "promoted_mid_drain"
-    _snapshot_on_standby(primary, standby, db, slot, tmp_path / "snapshot")
-    primary.execute("INSERT INTO t SELECT g, 'after' FROM generate_series(51, 150) g", db)
-    standby.wait_replayed()
-    start = describe_slot(connect(standby.dsn(db)), slot).confirmed_flush_lsn
+    db, start = _changes_pending_on_standby(primary, standby, slot, 100, tmp_path)
 
     class PromoteOnceBounded(logging.Handler):
         """Promotes the standby when the drain has fixed its window and not yet read it."""
