@@ -13,8 +13,8 @@ export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar
 ICEBERG_DIR := $(VENV)/iceberg-jars
 ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar
-# What local Spark loads for the lake (airflow_provider_pglogical.spark.local_jars reads it).
-export PGLOGICAL_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
+# What local Spark loads for the lake (airflow_provider_postgres_cdc.spark.local_jars reads it).
+export POSTGRES_CDC_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: venv lake-jars browser lint test test-fast test-cluster soak e2e-on-lag demo clean
@@ -75,16 +75,16 @@ test-fast: lint
 SEEDS ?= 20
 ROUNDS ?= 3
 soak: lake-jars
-	PGLOGICAL_SOAK_SEEDS=$(SEEDS) PGLOGICAL_SOAK_ROUNDS=$(ROUNDS) $(BIN)/python -m pytest \
+	POSTGRES_CDC_SOAK_SEEDS=$(SEEDS) POSTGRES_CDC_SOAK_ROUNDS=$(ROUNDS) $(BIN)/python -m pytest \
 		tests/integration/reliability/test_crash_soak.py -q
 
-# The example DAG pglogical_cdc_on_lag started by its AssetWatcher, end to end (about 100 s; not in
+# The example DAG postgres_cdc_on_lag started by its AssetWatcher, end to end (about 100 s; not in
 # `make test`, whose tests/integration/airflow/test_asset_watcher.py covers the watcher itself).
 e2e-on-lag: lake-jars
-	PGLOGICAL_ON_LAG_E2E=1 $(BIN)/python -m pytest tests/integration/e2e/test_cdc_on_lag.py -q
+	POSTGRES_CDC_ON_LAG_E2E=1 $(BIN)/python -m pytest tests/integration/e2e/test_cdc_on_lag.py -q
 
 demo: venv lake-jars
-	$(BIN)/python -m airflow_provider_pglogical.demo
+	$(BIN)/python -m airflow_provider_postgres_cdc.demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

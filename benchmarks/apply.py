@@ -1,6 +1,6 @@
 """What a batch costs the Iceberg apply job as the table grows: merge-on-read against copy-on-write.
 
-    make lake-jars && PGLOGICAL_SPARK_JARS=... .venv/bin/python benchmarks/apply.py \
+    make lake-jars && POSTGRES_CDC_SPARK_JARS=... .venv/bin/python benchmarks/apply.py \
         [--sizes 1000000,5000000] [--changes 10000] [--repeat 2] [--workdir DIR]
 
 For each table size it snapshot-loads one Iceberg table per write mode (format v2, unpartitioned,
@@ -36,10 +36,10 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.spark import apply_batch as job
-from airflow_provider_pglogical.spark.iceberg import IcebergTables
-from airflow_provider_pglogical.spark.session import local_session, register_lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.spark import apply_batch as job
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
+from airflow_provider_postgres_cdc.spark.session import local_session, register_lake
 
 SNAP_LSN = 0x1_0000_0000
 COLUMNS = [
@@ -206,7 +206,7 @@ def main() -> int:
     )
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     args = parser.parse_args()
-    spark = local_session("pglogical-apply-bench")
+    spark = local_session("postgres-cdc-apply-bench")
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pgl-apply-bench-"))
     sizes = [int(s) for s in args.sizes.split(",")]

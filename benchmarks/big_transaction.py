@@ -23,13 +23,13 @@ import time
 
 from psycopg2 import sql
 
-from airflow_provider_pglogical.replication import connect, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.replication import connect, create_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 ROWS_PER_GB = 5_000_000
 _CHILD = """
 import json, sys, time
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
 dsn, staging, transport, memory = sys.argv[1:5]
 started = time.monotonic()
 result = drain_batch(dsn, DrainSettings("big_slot", ("big_pub",), staging, transport=transport,
@@ -40,7 +40,7 @@ print(json.dumps({"changes": result.manifest.stats.changes, "seconds": time.mono
 
 def drain_in_child(dsn: str, transport: str, memory: int) -> tuple[dict[str, float], int]:
     """Drain in a fresh interpreter; returns its report and its peak RSS in bytes."""
-    staging = tempfile.mkdtemp(prefix="pglogical-big-")
+    staging = tempfile.mkdtemp(prefix="postgres-cdc-big-")
     try:
         child = subprocess.Popen(
             [sys.executable, "-c", _CHILD, dsn, staging, transport, str(memory)],

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_pglogical.pgoutput import BatchDecoder, PgOutputDecoder, Transaction, assemble
-from airflow_provider_pglogical.pgoutput.arrow import transactions_to_tables
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.pgoutput import BatchDecoder, PgOutputDecoder, Transaction, assemble
+from airflow_provider_postgres_cdc.pgoutput.arrow import transactions_to_tables
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 SCHEMA = """
 CREATE TABLE bench (id int PRIMARY KEY, name text, ts timestamptz, amount numeric(12,2), doc jsonb);

@@ -19,9 +19,9 @@ import subprocess
 import tempfile
 import time
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.replication import connect, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.replication import connect, create_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 WORKLOAD = """
 CREATE TABLE bench (id int PRIMARY KEY, name text, at timestamptz, amount numeric(12, 2), doc jsonb);
@@ -86,7 +86,7 @@ def main() -> None:
                 check=True,
             )  # fmt: skip
 
-        staging = tempfile.mkdtemp(prefix="pglogical-bench-")
+        staging = tempfile.mkdtemp(prefix="postgres-cdc-bench-")
 
         def drain() -> None:
             result = drain_batch(

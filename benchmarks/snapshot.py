@@ -18,8 +18,8 @@ import time
 
 from psycopg2 import sql
 
-from airflow_provider_pglogical.engine.snapshot import DEFAULT_BATCH_BYTES, take_snapshot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.snapshot import DEFAULT_BATCH_BYTES, take_snapshot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 TARGET_RATIO = 0.6
 
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--batch-bytes", type=int, default=DEFAULT_BATCH_BYTES, help="COPY text per batch")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side; the best is kept")
     args = parser.parse_args()
-    with PostgresCluster() as pg, tempfile.TemporaryDirectory(prefix="pglogical-bench-") as staging:
+    with PostgresCluster() as pg, tempfile.TemporaryDirectory(prefix="postgres-cdc-bench-") as staging:
         pg.create_database("bench")
         _load(pg, "bench", args.rows)
         # Interleaved, so load from other processes on the machine weighs on both sides alike.

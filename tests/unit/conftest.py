@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pgoutput"
 SCENARIOS = ("proto1", "binary", "stream", "two_phase")

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-import airflow_provider_pglogical
+import airflow_provider_postgres_cdc
 
-PACKAGE = "airflow_provider_pglogical"
-ROOT = Path(airflow_provider_pglogical.__file__).parent
+PACKAGE = "airflow_provider_postgres_cdc"
+ROOT = Path(airflow_provider_postgres_cdc.__file__).parent
 
 # Layer of each top-level part of the package, lowest first.
 RANKS = {
-    "errors": 0, "formats": 0, "moved_modules": 0,
+    "errors": 0, "formats": 0,
     "values": 1,
     "pgoutput": 2, "replication": 2,
     "engine": 3, "spark": 3,
@@ -108,12 +108,12 @@ def test_no_import_runs_up_a_layer() -> None:
 @pytest.mark.parametrize(
     ("part", "statement", "complaint"),
     [
-        ("formats/bad.py", "from airflow_provider_pglogical.engine import drain", "upward"),
-        ("pgoutput/bad.py", "import airflow_provider_pglogical.replication", "must not depend"),
+        ("formats/bad.py", "from airflow_provider_postgres_cdc.engine import drain", "upward"),
+        ("pgoutput/bad.py", "import airflow_provider_postgres_cdc.replication", "must not depend"),
         ("engine/bad.py", "def f():\n    from airflow.sdk import BaseHook", "only the Airflow faces"),
         ("values/bad.py", "import pyspark.sql", "only spark/ imports pyspark"),
         ("formats/bad.py", "import pyarrow", "standard library only"),
-        ("engine/snapshot/bad.py", "from ...hooks import pglogical", "upward"),
+        ("engine/snapshot/bad.py", "from ...hooks import postgres", "upward"),
     ],
 )
 def test_the_check_finds_each_kind_of_violation(

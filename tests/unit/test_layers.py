@@ -11,12 +11,12 @@ import pkgutil
 import subprocess
 import sys
 
-import airflow_provider_pglogical
+import airflow_provider_postgres_cdc
 
 # Modules that run under spark-submit, or subclass the Spark provider's operator (the `spark` extra).
-SPARK_SIDE = ("airflow_provider_pglogical.spark.", "airflow_provider_pglogical.operators.spark_apply",
-              "airflow_provider_pglogical.operators.lake_job",
-              "airflow_provider_pglogical.operators.maintenance")  # fmt: skip
+SPARK_SIDE = ("airflow_provider_postgres_cdc.spark.", "airflow_provider_postgres_cdc.operators.spark_apply",
+              "airflow_provider_postgres_cdc.operators.lake_job",
+              "airflow_provider_postgres_cdc.operators.maintenance")  # fmt: skip
 
 BLOCKER = """
 import importlib.abc, sys
@@ -36,16 +36,18 @@ print("imported", len(sys.argv) - 1)
 def airflow_side_modules() -> list[str]:
     names = [
         info.name
-        for info in pkgutil.walk_packages(airflow_provider_pglogical.__path__, "airflow_provider_pglogical.")
+        for info in pkgutil.walk_packages(
+            airflow_provider_postgres_cdc.__path__, "airflow_provider_postgres_cdc."
+        )
     ]
     runnable = [n for n in names if not n.endswith(".__main__")]  # `python -m` entry points run on import
-    return [n for n in runnable if not n.startswith(SPARK_SIDE) or n == "airflow_provider_pglogical.spark"]
+    return [n for n in runnable if not n.startswith(SPARK_SIDE) or n == "airflow_provider_postgres_cdc.spark"]
 
 
 def test_airflow_side_imports_without_pyspark() -> None:
     modules = airflow_side_modules()
-    assert "airflow_provider_pglogical.operators.ack" in modules
-    assert "airflow_provider_pglogical.engine.lake_catalog" in modules
+    assert "airflow_provider_postgres_cdc.operators.ack" in modules
+    assert "airflow_provider_postgres_cdc.engine.lake_catalog" in modules
     result = subprocess.run(
         [sys.executable, "-c", BLOCKER, *modules], capture_output=True, text=True, timeout=300
     )
@@ -55,6 +57,6 @@ def test_airflow_side_imports_without_pyspark() -> None:
 
 def test_the_blocker_can_fail() -> None:
     """The check above is real: importing the Spark job under the blocker fails."""
-    job = "airflow_provider_pglogical.spark.apply_batch"
+    job = "airflow_provider_postgres_cdc.spark.apply_batch"
     result = subprocess.run([sys.executable, "-c", BLOCKER, job], capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "blocked for this test: py" in result.stderr

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from airflow.sdk.observability import stats
 
-from airflow_provider_pglogical import metrics
+from airflow_provider_postgres_cdc import metrics
 
 
 class Recorder:
@@ -45,10 +45,10 @@ def test_each_metric_goes_out_tagged_and_by_slot_name(backend: Recorder) -> None
     metrics.slot_lag("shop_cdc", 4096, None)
     metrics.timing(metrics.APPLY_SECONDS, 1.5, slot="shop_cdc", table="my schema.Tä.ble")
     assert [(k, s) for k, s, _, _ in backend.sent] == [
-        ("gauge", "pglogical.slot.lag_bytes"),
-        ("gauge", "pglogical.slot.lag_bytes.shop_cdc"),
-        ("timing", "pglogical.apply.seconds"),
-        ("timing", "pglogical.apply.seconds.shop_cdc"),
+        ("gauge", "postgres_cdc.slot.lag_bytes"),
+        ("gauge", "postgres_cdc.slot.lag_bytes.shop_cdc"),
+        ("timing", "postgres_cdc.apply.seconds"),
+        ("timing", "postgres_cdc.apply.seconds.shop_cdc"),
     ]
     assert backend.sent[2][3] == {"slot": "shop_cdc", "table": "my schema.Tä.ble"}
     assert backend.sent[2][2].total_seconds() == 1.5
@@ -58,7 +58,7 @@ def test_each_metric_goes_out_tagged_and_by_slot_name(backend: Recorder) -> None
 def test_a_failing_backend_fails_no_caller(backend: Recorder, caplog: pytest.LogCaptureFixture) -> None:
     metrics.gauge(metrics.BATCH_CHANGES, 10, slot="s")
     metrics.timing(metrics.DRAIN_SECONDS, 2.0, slot="s")
-    assert "could not send metric pglogical.batch.changes" in caplog.text
+    assert "could not send metric postgres_cdc.batch.changes" in caplog.text
 
 
 def test_an_unresolvable_statsd_host_falls_back_to_no_metrics() -> None:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = {"max_prepared_transactions": "10", "logical_decoding_work_mem": "'64kB'"}

@@ -7,7 +7,7 @@ Airflow's scheduler and API server (``AirflowServices`` with the job schedule on
    test_openlineage's), then a CDC run is triggered; a writer keeps committing orders, each with
    its order lines and a total equal to their sum, in one transaction, all the while;
 2. the CDC run's Asset events carry the batch's LSN window, cut tag and Iceberg snapshot ids;
-3. the scheduler queues ``pglogical_downstream_example`` because of the cut event, and that run
+3. the scheduler queues ``postgres_cdc_downstream_example`` because of the cut event, and that run
    computes revenue per customer at the cut: exactly what the source held at the cut's LSN
    (the writer's orders up to the last one committed by then, each with all its lines);
 4. the StatsD metrics reach a real UDP listener configured as Airflow's StatsD host.
@@ -28,19 +28,19 @@ import psycopg2
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.assets import cut_asset, table_asset
-from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.formats.lake import local_lake, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.spark.session import register_lake
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.assets import cut_asset, table_asset
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, ShopWorkload
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.formats.lake import local_lake, tag_name
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.e2e.e2e_support import lake_state, pipeline_conf, pipeline_sandbox
 
 SLOT = "shop_assets"
-DOWNSTREAM = "pglogical_downstream_example"
+DOWNSTREAM = "postgres_cdc_downstream_example"
 FIRST_ORDER = 1_000_000
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
@@ -172,9 +172,9 @@ def test_cdc_asset_events_schedule_the_downstream_dag_on_the_exact_cut(
         snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
         apply_manifest(spark, snapshot, lake)
         sandbox.extra_env.update(
-            PGLOGICAL_DOWNSTREAM_CATALOG=lake.catalog,
-            PGLOGICAL_DOWNSTREAM_SLOT=SLOT,
-            PGLOGICAL_DOWNSTREAM_LAKE_CONN_ID="lake",
+            POSTGRES_CDC_DOWNSTREAM_CATALOG=lake.catalog,
+            POSTGRES_CDC_DOWNSTREAM_SLOT=SLOT,
+            POSTGRES_CDC_DOWNSTREAM_LAKE_CONN_ID="lake",
             AIRFLOW__METRICS__STATSD_ON="True",
             AIRFLOW__METRICS__STATSD_HOST="127.0.0.1",
             AIRFLOW__METRICS__STATSD_PORT=str(port),
@@ -182,18 +182,18 @@ def test_cdc_asset_events_schedule_the_downstream_dag_on_the_exact_cut(
         )
         with sandbox.services(job_schedule=True) as services:
             services.set_paused(DOWNSTREAM, False)
-            services.trigger("pglogical_initial_snapshot", conf).check()
+            services.trigger("postgres_cdc_initial_snapshot", conf).check()
             assert services.asset_events(
-                source_dag_id="pglogical_initial_snapshot", source_task_id="pglogical_snapshot.load"
+                source_dag_id="postgres_cdc_initial_snapshot", source_task_id="postgres_cdc_snapshot.load"
             )
             assert not services.dag_runs(DOWNSTREAM), "a snapshot load is no acknowledged cut"
-            cdc = services.trigger("pglogical_cdc_microbatch", conf).check()
+            cdc = services.trigger("postgres_cdc_microbatch", conf).check()
             downstream = services.wait_for_runs(DOWNSTREAM, 1).check()
             table_events = services.asset_events(
-                source_dag_id="pglogical_cdc_microbatch", source_task_id="pglogical_cdc.apply"
+                source_dag_id="postgres_cdc_microbatch", source_task_id="postgres_cdc.apply"
             )
             cut_events = services.asset_events(
-                source_dag_id="pglogical_cdc_microbatch", source_task_id="pglogical_cdc.ack"
+                source_dag_id="postgres_cdc_microbatch", source_task_id="postgres_cdc.ack"
             )
             result = services.api(
                 "GET",
@@ -236,9 +236,11 @@ def test_cdc_asset_events_schedule_the_downstream_dag_on_the_exact_cut(
     # 4. Metrics, tagged by name with the slot, on a real StatsD listener.
     names = {line.split(":", 1)[0] for line in stats}
     for metric in ("batch.changes", "drain.seconds", "apply.seconds", "slot.lag_bytes", "batch.latency"):
-        assert f"airflow.pglogical.{metric}" in names and f"airflow.pglogical.{metric}.{SLOT}" in names, (
+        assert (
+            f"airflow.postgres_cdc.{metric}" in names and f"airflow.postgres_cdc.{metric}.{SLOT}" in names
+        ), (
             metric,
             sorted(names),
         )
-    changes = [line for line in stats if line.startswith(f"airflow.pglogical.batch.changes.{SLOT}:")]
+    changes = [line for line in stats if line.startswith(f"airflow.postgres_cdc.batch.changes.{SLOT}:")]
     assert changes and int(float(changes[-1].split(":")[1].split("|")[0])) == extra["changes"]

@@ -5,7 +5,7 @@ must not run while the slot's lag is under the threshold, must run once writes p
 it, must not run again while the slot stays at the same confirmed position (however far the lag
 grows), and runs again once the slot was advanced (an ack) and the lag crossed again. A second
 watcher, on a slot that does not exist, fails in the triggerer with the lag sensor's message.
-The real CDC DAG on a watcher (``dags_examples/pglogical_cdc_on_lag.py``) is run in
+The real CDC DAG on a watcher (``dags_examples/postgres_cdc_on_lag.py``) is run in
 ``tests/integration/e2e/test_cdc_on_lag.py``.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
-from airflow_provider_pglogical.testing.airflow_services import AirflowServices, DagRunRecord
+from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_postgres_cdc.testing.airflow_services import AirflowServices, DagRunRecord
 from tests.integration.sensors.slot_lag_support import PublishedSlot, connection_uri, make_published_slot
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
@@ -38,7 +38,7 @@ DAG_FILE = textwrap.dedent(
     from airflow.providers.standard.operators.python import PythonOperator
     from airflow.sdk import DAG, Asset, AssetWatcher
 
-    from airflow_provider_pglogical.triggers.slot_lag_event import PgLogicalSlotLagEventTrigger
+    from airflow_provider_postgres_cdc.triggers.slot_lag_event import PostgresCdcSlotLagEventTrigger
 
 
     def record(triggering_asset_events, run_id, **_):
@@ -48,8 +48,8 @@ DAG_FILE = textwrap.dedent(
 
 
     def watched(dag_id, slot):
-        trigger = PgLogicalSlotLagEventTrigger(
-            slot_name=slot, pglogical_conn_id="pgl_lag", min_lag_bytes=THRESHOLD, poke_interval=1
+        trigger = PostgresCdcSlotLagEventTrigger(
+            slot_name=slot, postgres_conn_id="pgl_lag", min_lag_bytes=THRESHOLD, poke_interval=1
         )
         asset = Asset(name=f"lag_{slot}", watchers=[AssetWatcher(name=f"lag_{slot}", trigger=trigger)])
         with DAG(dag_id, schedule=[asset], start_date=dt.datetime(2026, 1, 1), max_active_runs=1):
@@ -148,5 +148,5 @@ def test_watcher_starts_a_run_once_per_position_past_the_threshold(
         # The watcher on a missing slot fails loudly in the triggerer, with the lag sensor's message.
         log = triggerer_log(services)
         assert "replication slot 'no_such_slot' does not exist" in log
-        assert "pglogical_recover_slot" in log and "SlotNotFoundError" in log
+        assert "postgres_cdc_recover_slot" in log and "SlotNotFoundError" in log
         assert services.dag_runs("on_missing_slot") == []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import airflow_provider_pglogical
+import airflow_provider_postgres_cdc
 
 
 def airflow_cli(tmp_path: Path, *args: str) -> str:
@@ -24,11 +24,11 @@ def airflow_cli(tmp_path: Path, *args: str) -> str:
 @pytest.mark.airflow
 def test_airflow_lists_provider_and_connection_type(tmp_path: Path) -> None:
     providers = json.loads(airflow_cli(tmp_path, "providers", "list", "-o", "json"))
-    ours = [p for p in providers if p["package_name"] == "airflow-provider-pglogical"]
-    assert ours and ours[0]["version"] == airflow_provider_pglogical.__version__  # pyproject agrees
+    ours = [p for p in providers if p["package_name"] == "airflow-provider-postgres-cdc"]
+    assert ours and ours[0]["version"] == airflow_provider_postgres_cdc.__version__  # pyproject agrees
     hooks = json.loads(airflow_cli(tmp_path, "providers", "hooks", "-o", "json"))
     assert any(
-        h["connection_type"] == "pglogical"
-        and h["class"] == "airflow_provider_pglogical.hooks.pglogical.PgLogicalHook"
+        h["connection_type"] == "postgres_cdc_lake"
+        and h["class"] == "airflow_provider_postgres_cdc.hooks.lake.PostgresCdcLakeHook"
         for h in hooks
     )

@@ -1,4 +1,4 @@
-"""The "pglogical" view in the real Airflow API server, seen by a real browser after real pipeline runs.
+"""The "Postgres CDC" view in the real Airflow API server, seen by a real browser after real pipeline runs.
 
 A snapshot and two CDC runs of the example DAGs (``airflow dags test``, Spark apply) fill the lake;
 then the API server starts with the provider's plugin and the simple auth manager with two real
@@ -26,15 +26,15 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
 
-from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
-from airflow_provider_pglogical.engine.lake_catalog import pyiceberg_properties
-from airflow_provider_pglogical.formats import lake as lk
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.plugins.pipelines import VARIABLE
-from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import AirflowServices, PostgresCluster
-from airflow_provider_pglogical.testing.browser import HeadlessChromium, find_chromium
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties
+from airflow_provider_postgres_cdc.formats import lake as lk
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.plugins.pipelines import VARIABLE
+from airflow_provider_postgres_cdc.replication import connect, describe_slot
+from airflow_provider_postgres_cdc.testing import AirflowServices, PostgresCluster
+from airflow_provider_postgres_cdc.testing.browser import HeadlessChromium, find_chromium
 from tests.integration.e2e.e2e_support import lake_state, make_lake, pipeline_conf, pipeline_sandbox
 
 SLOT = "shop_report"
@@ -134,10 +134,10 @@ def deployment(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
         env={f"AIRFLOW_VAR_{VARIABLE.upper()}": json.dumps(pipelines)},
     )
     conf = pipeline_conf(SLOT, tmp / "staging")
-    sandbox.dags_test("pglogical_initial_snapshot", conf).check()
+    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
     for _ in range(2):
         shop.step()
-        sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+        sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     services = UserServices(sandbox)
     services.passwords = tmp / "passwords.json"
     services.passwords.write_text(json.dumps({user: password for user, (_, password) in USERS.items()}))
@@ -181,8 +181,8 @@ def test_browser_shows_the_pipelines_real_numbers(deployment: Deployment) -> Non
     applied = {table: str(lake_state(deployment.lake, table).applied_end_lsn) for table in TABLES}
     counts = {table: _count(deployment.dsn, table) for table in TABLES}
     token = deployment.token("reader")
-    url = f"{deployment.services.api_url}/pglogical/"
-    screenshot = deployment.tmp / "pglogical-view.png"
+    url = f"{deployment.services.api_url}/postgres-cdc/"
+    screenshot = deployment.tmp / "postgres-cdc-view.png"
     with HeadlessChromium() as browser:
         browser.set_cookie(deployment.services.api_url, "_token", token)
         lag_before = _lag(deployment.dsn)
@@ -207,7 +207,7 @@ def test_browser_shows_the_pipelines_real_numbers(deployment: Deployment) -> Non
             assert browser.evaluate(f"document.querySelectorAll('#p0-chart-{chart} canvas').length") >= 1
         text = browser.text()
         browser.screenshot(screenshot)
-        print(f"\nscreenshot of the pglogical view: {screenshot}")
+        print(f"\nscreenshot of the Postgres CDC view: {screenshot}")
     assert "replication slot 'no_such_slot' does not exist" in text
     assert "the lake cannot be reached" in text
     assert "the source did not answer within 2 s (timed out" in text
@@ -217,12 +217,14 @@ def test_browser_shows_the_pipelines_real_numbers(deployment: Deployment) -> Non
 
 
 def test_refuses_the_anonymous_and_users_without_permission(deployment: Deployment) -> None:
-    status, body = deployment.get("/pglogical/")
+    status, body = deployment.get("/postgres-cdc/")
     assert status == 401 and SLOT not in body
-    status, body = deployment.get("/pglogical/", deployment.token("viewer"))
+    status, body = deployment.get("/postgres-cdc/", deployment.token("viewer"))
     assert status == 403 and SLOT not in body
-    status, body = deployment.get("/pglogical/", deployment.token("reader"))
+    status, body = deployment.get("/postgres-cdc/", deployment.token("reader"))
     assert status == 200 and SLOT in body and SECRET not in body
     status, body = deployment.get("/api/v2/plugins", deployment.token("reader"))
     views = [view for plugin in json.loads(body)["plugins"] for view in plugin["external_views"]]
-    assert {"name": "pglogical", "href": "/pglogical/", "url_route": "pglogical"}.items() <= views[0].items()
+    assert {"name": "Postgres CDC", "href": "/postgres-cdc/", "url_route": "postgres-cdc"}.items() <= views[
+        0
+    ].items()

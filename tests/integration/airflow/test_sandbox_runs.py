@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.testing import AirflowSandbox
+from airflow_provider_postgres_cdc.testing import AirflowSandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 

@@ -1,4 +1,4 @@
-"""The ``pglogical`` console commands, run as a user would, against real servers."""
+"""The ``pgcdc`` console commands, run as a user would, against real servers."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from airflow_provider_pglogical.replication import TableSpec, connect, create_publication, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.replication import TableSpec, connect, create_publication, create_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "airflow_provider_pglogical.cli", *args],
+        [sys.executable, "-m", "airflow_provider_postgres_cdc.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -46,7 +46,7 @@ def test_slots_and_publications(pg_cluster: PostgresCluster, pg_dbname: str) -> 
     create_slot(conn, "cli_slot")
     conn.close()
     env = {"AIRFLOW_CONN_CLI_PG": pg_cluster.uri(pg_dbname)}
-    table = run_cli("slots", "--conn-id", "cli_pg", env=env)
+    table = run_cli("slots", "--postgres-conn-id", "cli_pg", env=env)
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[0].startswith("slot_name")
     assert "cli_slot" in table.stdout and "pgoutput" in table.stdout

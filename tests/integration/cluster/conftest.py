@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_pglogical.testing import SparkStandaloneCluster
+from airflow_provider_postgres_cdc.testing import SparkStandaloneCluster
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """A tiny PySpark job for the cluster tests: where its tasks run, and where they import the package from.
 
 Prints one JSON line: the driver's pid, and per task its Python worker's pid, the pids of its
-ancestors, and the file ``airflow_provider_pglogical.formats`` was imported from.
+ancestors, and the file ``airflow_provider_postgres_cdc.formats`` was imported from.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ def _ancestors(pid: int) -> list[int]:
 
 
 def _probe(_: int) -> dict[str, object]:
-    import airflow_provider_pglogical.formats as shipped
+    import airflow_provider_postgres_cdc.formats as shipped
 
     return {"pid": os.getpid(), "ancestors": _ancestors(os.getpid()), "module": shipped.__file__}
 
 
 if __name__ == "__main__":
-    spark = SparkSession.builder.appName("pglogical-pid-probe").getOrCreate()
+    spark = SparkSession.builder.appName("postgres-cdc-pid-probe").getOrCreate()
     tasks = spark.sparkContext.parallelize(range(4), 4).map(_probe).collect()
     print(json.dumps({"driver": os.getpid(), "tasks": tasks}))
     spark.stop()

@@ -30,14 +30,14 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
-from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
-from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
-from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.spark.changes import CHECKPOINT_DIR_CONF
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster, SparkStandaloneCluster
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
+from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperator
+from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+from airflow_provider_postgres_cdc.replication import connect, describe_slot
+from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
+from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster, SparkStandaloneCluster
 from tests.integration.cluster.cluster_workload import (
     PUBLICATION,
     SCHEMA,
@@ -52,7 +52,7 @@ SLOT = "cluster_cdc"
 # Small executors and few shuffle partitions: two one-core workers with 1 GiB each. Reliable
 # checkpoints (spark/changes.materialize): with local ones, a lost executor fails the apply.
 SPARK_CONF = {
-    CHECKPOINT_DIR_CONF: os.path.join(tempfile.gettempdir(), "pglogical-cluster-checkpoints"),
+    CHECKPOINT_DIR_CONF: os.path.join(tempfile.gettempdir(), "postgres-cdc-cluster-checkpoints"),
     "spark.ui.enabled": "false",
     "spark.executor.memory": "768m",
     "spark.sql.shuffle.partitions": "4",
@@ -116,12 +116,12 @@ def test_cdc_on_the_cluster_survives_killed_executors_and_driver(
     }  # fmt: skip
     for conn_id, uri in connections.items():
         monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", uri)
-    common = {"pglogical_conn_id": "cl_src", "slot_name": SLOT}
+    common = {"postgres_conn_id": "cl_src", "slot_name": SLOT}
     writer = Writer(dsn).start()
     request.addfinalizer(writer.stop)  # before the database is dropped, also when the test fails
 
     # Snapshot with the Spark JDBC engine on the cluster (its executors connect to PostgreSQL), then load.
-    snapshot = PgLogicalSnapshotOperator(
+    snapshot = PostgresCdcSnapshotOperator(
         task_id="snapshot", publications=PUBLICATION, staging=staging, copy_engine="spark",
         spark_conn_id="cl_spark", spark_conf=SPARK_CONF, parallelism=2, range_bytes=256 * 1024, **common,
     ).execute({})  # type: ignore[arg-type]  # fmt: skip
@@ -156,10 +156,10 @@ def test_cdc_on_the_cluster_survives_killed_executors_and_driver(
     # Round 3: the example CDC DAG, pointed at the cluster by its Spark connection only.
     sandbox = AirflowSandbox(tmp_path / "airflow", DAGS, connections={**connections, "spark_local": ""})
     conf = {
-        "pglogical_conn_id": "cl_src", "publication": PUBLICATION, "slot": SLOT, "staging": staging,
+        "postgres_conn_id": "cl_src", "publications": PUBLICATION, "slot_name": SLOT, "staging": staging,
         "lake_conn_id": "cl_lake", "spark_conn_id": "cl_spark",
     }  # fmt: skip
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
 
     # Writes stop; one last round takes the rest, and a worker is lost for good mid-apply: the job
     # finishes on the remaining one. Then the lake must equal the source.
@@ -189,23 +189,23 @@ def _on_cluster(args: list[str], master: str) -> list[str]:
 
 
 def _drain(staging: str, common: dict[str, str]) -> str:
-    summary = PgLogicalDrainOperator(
+    summary = PostgresCdcDrainOperator(
         task_id="drain", publications=PUBLICATION, staging=staging, **common
     ).execute({})  # type: ignore[arg-type]
     return str(summary["manifest"])
 
 
 def _apply(manifest: str) -> None:
-    PgLogicalSparkApplyOperator(
+    PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=manifest, lake_conn_id="cl_lake", spark_conn_id="cl_spark", conf=SPARK_CONF
     ).execute({})  # type: ignore[arg-type]
 
 
 def _ack(manifest: str, common: dict[str, str]) -> None:
-    PgLogicalAckOperator(task_id="ack", manifest=manifest, lake_conn_id="cl_lake", **common).execute({})  # type: ignore[arg-type]
+    PostgresCdcAckOperator(task_id="ack", manifest=manifest, lake_conn_id="cl_lake", **common).execute({})  # type: ignore[arg-type]
 
 
 def _end_of(manifest: str) -> object:
-    from airflow_provider_pglogical.engine.staging import read_manifest
+    from airflow_provider_postgres_cdc.engine.staging import read_manifest
 
     return read_manifest(manifest).end_lsn

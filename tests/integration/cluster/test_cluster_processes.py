@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.spark import job_py_files
-from airflow_provider_pglogical.testing import SparkStandaloneCluster
+from airflow_provider_postgres_cdc.spark import job_py_files
+from airflow_provider_postgres_cdc.testing import SparkStandaloneCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 PROBE = str(Path(__file__).with_name("pid_probe.py"))
@@ -52,5 +52,5 @@ def test_tasks_run_in_executor_processes_with_shipped_modules(spark_cluster: Spa
         executors = [pid for pid in task["ancestors"] if pid in seen]
         assert len(executors) == 1, (task, seen)  # a Python worker forked by one executor JVM
         # The package came from the zip given to --py-files, not from the worktree the driver sees.
-        assert "pglogical_job.zip" in task["module"], task["module"]
+        assert "postgres_cdc_job.zip" in task["module"], task["module"]
     assert set(seen.values()) <= set(range(spark_cluster.workers)) and seen

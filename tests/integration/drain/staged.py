@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical.engine.drain import DrainResult
+from airflow_provider_postgres_cdc.engine.drain import DrainResult
 
 
 def staged_tables(result: DrainResult) -> dict[str, pa.Table]:

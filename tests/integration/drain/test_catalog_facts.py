@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pglogical.engine.catalog_facts import read_facts
-from airflow_provider_pglogical.formats.schema_changes import ColumnFacts
-from airflow_provider_pglogical.replication import connect
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.catalog_facts import read_facts
+from airflow_provider_postgres_cdc.formats.schema_changes import ColumnFacts
+from airflow_provider_postgres_cdc.replication import connect
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainResult, DrainSettings, drain_batch
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication import advance_slot, connect, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication import advance_slot, connect, create_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 SCHEMA = """
 CREATE TABLE items (id int PRIMARY KEY, name text);
@@ -199,7 +199,7 @@ def test_transaction_larger_than_memory_spills_and_stages_in_pieces(
     big.close()
     spill_dir = tmp_path / "spill"
     spill_dir.mkdir()
-    caplog.set_level("INFO", logger="airflow_provider_pglogical")
+    caplog.set_level("INFO", logger="airflow_provider_postgres_cdc")
     settings = {
         "transport": transport,
         "max_memory_bytes": 32 << 20,

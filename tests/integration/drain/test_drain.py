@@ -7,21 +7,21 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.engine.drain import (
+from airflow_provider_postgres_cdc.engine.drain import (
     DrainSettings,
     StagingNotWritableError,
     drain_batch,
 )
-from airflow_provider_pglogical.engine.staging import read_manifest
-from airflow_provider_pglogical.errors import PublicationNotFoundError, SlotActiveError, SlotNotFoundError
-from airflow_provider_pglogical.replication import (
+from airflow_provider_postgres_cdc.engine.staging import read_manifest
+from airflow_provider_postgres_cdc.errors import PublicationNotFoundError, SlotActiveError, SlotNotFoundError
+from airflow_provider_postgres_cdc.replication import (
     advance_slot,
     connect,
     connect_replication,
     create_slot,
     describe_slot,
 )
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.drain.staged import staged_tables
 from tests.pg_majors import ALSO_ON_PG18
 

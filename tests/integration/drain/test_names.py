@@ -9,9 +9,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.replication import connect, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.replication import connect, create_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 SCHEMA = """
 CREATE SCHEMA "My Schema";

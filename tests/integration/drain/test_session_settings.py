@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.replication import connect, drop_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.replication import connect, drop_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 HOSTILE = (
     "SET bytea_output = 'escape'", "SET DateStyle = 'SQL, DMY'", "SET IntervalStyle = 'postgres_verbose'",

@@ -14,13 +14,18 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical.demo.shop import PUBLICATION
-from airflow_provider_pglogical.engine.lake_catalog import load_table, open_catalog, owned_tables, table_state
-from airflow_provider_pglogical.formats.lake import LakeConfig, TableState, local_lake
-from airflow_provider_pglogical.formats.layout import table_dir_name
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.spark import APPLY_JOB_PATH, job_py_files, local_jars
-from airflow_provider_pglogical.testing import AirflowSandbox
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION
+from airflow_provider_postgres_cdc.engine.lake_catalog import (
+    load_table,
+    open_catalog,
+    owned_tables,
+    table_state,
+)
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState, local_lake
+from airflow_provider_postgres_cdc.formats.layout import table_dir_name
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, job_py_files, local_jars
+from airflow_provider_postgres_cdc.testing import AirflowSandbox
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
 # local[2] for the Spark provider: unencoded brackets in a connection URI make it fall back to yarn.
@@ -55,7 +60,7 @@ def pipeline_conf(
 ) -> dict[str, Any]:
     """The example DAGs' run conf for one pipeline, naming :func:`pipeline_sandbox`'s connections."""
     return {
-        "pglogical_conn_id": conn_id, "publication": publication, "slot": slot, "staging": str(staging),
+        "postgres_conn_id": conn_id, "publications": publication, "slot_name": slot, "staging": str(staging),
         "lake_conn_id": "lake", "spark_conn_id": "spark_local",
     }  # fmt: skip
 

@@ -26,11 +26,11 @@ from typing import Any
 import psycopg2
 import pytest
 
-from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.e2e.e2e_support import (
     lake_snapshots,
     lake_state,
@@ -126,9 +126,9 @@ def test_backfills_while_cdc_runs_end_equal(
     lake, lake_conn = make_lake(tmp_path / "lake")
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
     conf = pipeline_conf(SLOT, staging)
-    sandbox.dags_test("pglogical_initial_snapshot", conf).check()
+    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
     shop.step()
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
 
     # 1. Re-snapshot two tables; the CDC applies a batch reaching past the consistent point first.
     before = slot_state(pg_cluster, pg_dbname)
@@ -142,7 +142,7 @@ def test_backfills_while_cdc_runs_end_equal(
     )
     assert slot_state(pg_cluster, pg_dbname) == before  # the pipeline slot is untouched
     shop.step()
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     applied = lake_state(lake, "public.orders")
     assert applied.applied_end_lsn > resnap.end_lsn
     spark_apply(path, lake)
@@ -152,7 +152,7 @@ def test_backfills_while_cdc_runs_end_equal(
     # 2. Add refunds (columns and row filter) while a writer keeps changing it.
     with writer(dsn):
         run = sandbox.dags_test(
-            "pglogical_backfill_tables", {**conf, "tables": ["public.customers"], "add_tables": [REFUNDS]}
+            "postgres_cdc_backfill_tables", {**conf, "tables": ["public.customers"], "add_tables": [REFUNDS]}
         ).check()
     assert "public.refunds" in run.output
 
@@ -161,7 +161,7 @@ def test_backfills_while_cdc_runs_end_equal(
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     with sandbox.services() as services:
         result = services.backfill(
-            "pglogical_cdc_microbatch",
+            "postgres_cdc_microbatch",
             (now - timedelta(minutes=50)).isoformat(),
             (now - timedelta(minutes=20)).isoformat(),
             conf=conf,
@@ -173,19 +173,19 @@ def test_backfills_while_cdc_runs_end_equal(
 
         # 4. Clearing a past run and running it again applies nothing twice and moves nothing back.
         versions, (slot_before,) = lake_snapshots(lake, SLOT), slot_state(pg_cluster, pg_dbname)
-        services.rerun("pglogical_cdc_microbatch", runs[0].run_id).check()
+        services.rerun("postgres_cdc_microbatch", runs[0].run_id).check()
         (slot_after,) = slot_state(pg_cluster, pg_dbname)
         assert lake_snapshots(lake, SLOT) == versions
         assert Lsn.parse(slot_after[3]) >= Lsn.parse(slot_before[3])
 
     # 5. Lose the slot for real; the CDC run fails pointing to the recovery DAG, which repairs all.
     invalidate_slot(pg_cluster, pg_dbname, shop)
-    failed = sandbox.dags_test("pglogical_cdc_microbatch", conf)
-    assert failed.returncode != 0 and "pglogical_recover_slot" in failed.output, failed.output[-3000:]
-    sandbox.dags_test("pglogical_recover_slot", conf).check()
+    failed = sandbox.dags_test("postgres_cdc_microbatch", conf)
+    assert failed.returncode != 0 and "postgres_cdc_recover_slot" in failed.output, failed.output[-3000:]
+    sandbox.dags_test("postgres_cdc_recover_slot", conf).check()
     assert [(r[0], r[4]) for r in slot_state(pg_cluster, pg_dbname)] == [(SLOT, "reserved")]
     shop.step()
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
 
     results = compare_tables(dsn, [PUBLICATION], lake)
     assert all(r.equal for r in results), format_report(results)

@@ -1,4 +1,4 @@
-"""The example DAG ``pglogical_cdc_on_lag`` run by its AssetWatcher: no run under the threshold, then one.
+"""The example DAG ``postgres_cdc_on_lag`` run by its AssetWatcher: no run under the threshold, then one.
 
 Real PostgreSQL, real ``spark-submit``, a real scheduler and triggerer. After the initial snapshot
 the watcher checks the slot every second; the CDC DAG must not start while the lag is under
@@ -7,7 +7,7 @@ which the lake equals the source and the watcher is quiet again (the slot is cau
 The watcher's one-event-per-position rule and the missing-slot failure are covered more cheaply
 in ``tests/integration/airflow/test_asset_watcher.py``, which ``make test`` runs; this one costs
 about 100 s (a snapshot load and a CDC apply in ``spark-submit``, a scheduler and a triggerer)
-and runs only with ``PGLOGICAL_ON_LAG_E2E=1`` (``make e2e-on-lag``).
+and runs only with ``POSTGRES_CDC_ON_LAG_E2E=1`` (``make e2e-on-lag``).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, ShopWorkload
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.e2e.e2e_support import make_lake, pipeline_conf, pipeline_sandbox
 
-DAG_ID = "pglogical_cdc_on_lag"
+DAG_ID = "postgres_cdc_on_lag"
 SLOT = "shop_on_lag"
 THRESHOLD = 4 << 20  # several shop rounds: one round stays under it
 pytestmark = [
@@ -32,8 +32,8 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.airflow,
     pytest.mark.skipif(
-        os.environ.get("PGLOGICAL_ON_LAG_E2E") != "1",
-        reason="about 100 s; run with PGLOGICAL_ON_LAG_E2E=1 (make e2e-on-lag)",
+        os.environ.get("POSTGRES_CDC_ON_LAG_E2E") != "1",
+        reason="about 100 s; run with POSTGRES_CDC_ON_LAG_E2E=1 (make e2e-on-lag)",
     ),
 ]
 
@@ -61,14 +61,14 @@ def test_cdc_dag_starts_by_itself_once_the_lag_crosses_the_threshold(
     lake, lake_conn = make_lake(tmp_path / "lake")
     conf = pipeline_conf(SLOT, staging)
     watcher_env = {
-        "PGLOGICAL_ON_LAG_SLOT": SLOT, "PGLOGICAL_ON_LAG_PUBLICATION": PUBLICATION,
-        "PGLOGICAL_ON_LAG_CONN_ID": "shop", "PGLOGICAL_ON_LAG_STAGING": str(staging),
-        "PGLOGICAL_ON_LAG_LAKE_CONN_ID": "lake", "PGLOGICAL_ON_LAG_SPARK_CONN_ID": "spark_local",
-        "PGLOGICAL_ON_LAG_MIN_LAG_BYTES": str(THRESHOLD), "PGLOGICAL_ON_LAG_MAX_LAG_AGE": "",
-        "PGLOGICAL_ON_LAG_POKE_INTERVAL": "1",
+        "POSTGRES_CDC_ON_LAG_SLOT": SLOT, "POSTGRES_CDC_ON_LAG_PUBLICATION": PUBLICATION,
+        "POSTGRES_CDC_ON_LAG_CONN_ID": "shop", "POSTGRES_CDC_ON_LAG_STAGING": str(staging),
+        "POSTGRES_CDC_ON_LAG_LAKE_CONN_ID": "lake", "POSTGRES_CDC_ON_LAG_SPARK_CONN_ID": "spark_local",
+        "POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES": str(THRESHOLD), "POSTGRES_CDC_ON_LAG_MAX_LAG_AGE": "",
+        "POSTGRES_CDC_ON_LAG_POKE_INTERVAL": "1",
     }  # fmt: skip
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn, env=watcher_env)
-    sandbox.dags_test("pglogical_initial_snapshot", conf).check()
+    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
 
     with sandbox.services(triggerer=True, job_schedule=True) as services:
         services.watch(DAG_ID)

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import latest_cut
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import latest_cut
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.replication import connect, describe_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.e2e.e2e_support import assert_changelog_exactly_once as changelog_exactly_once
 from tests.integration.e2e.e2e_support import (
     lake_state,
@@ -44,17 +44,17 @@ def test_snapshot_batches_and_crashes_end_equal(
     lake, lake_conn = make_lake(tmp_path / "lake")
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
     conf = pipeline_conf(SLOT, staging)
-    sandbox.dags_test("pglogical_initial_snapshot", conf).check()
+    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
 
     shop.step()
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
 
     # Crash 1: the apply dies after its first table (the others untouched, nothing acked).
     shop.step()
     batch = drain_batch(dsn, DrainSettings(SLOT, (PUBLICATION,), str(staging)))
     assert len(batch.manifest.tables) > 2
     spark_apply(batch.manifest_uri, lake, tables=batch.manifest.tables[0].qualified)
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()  # reuses the batch, finishes it, acks
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()  # reuses the batch, finishes it, acks
 
     # Crash 2: applied everywhere, killed before the ack; more changes arrive meanwhile.
     shop.step()
@@ -63,9 +63,9 @@ def test_snapshot_batches_and_crashes_end_equal(
     conn = connect(dsn)
     assert describe_slot(conn, SLOT).confirmed_flush_lsn == batch.manifest.start_lsn  # not acked
     shop.step()
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()  # applies nothing twice, acks
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()  # applies nothing twice, acks
     assert describe_slot(conn, SLOT).confirmed_flush_lsn == batch.manifest.end_lsn
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()  # the changes that came meanwhile
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()  # the changes that came meanwhile
     conn.close()
 
     results = compare_tables(dsn, [PUBLICATION], lake)
@@ -83,13 +83,13 @@ def test_snapshot_batches_and_crashes_end_equal(
     # Maintenance: compaction, one cut kept, acknowledged staging removed; the pipeline goes on.
     states = {t: lake_state(lake, t) for t in TABLES}
     sandbox.dags_test(
-        "pglogical_lake_maintenance",
+        "postgres_cdc_lake_maintenance",
         {**conf, "keep_cuts": 1, "older_than_hours": 1, "staging_retention_hours": 0},
     ).check()
     assert {t: lake_state(lake, t) for t in TABLES} == states
     assert not [p for p in (staging / SLOT).iterdir() if p.name.startswith("batch-")]
     shop.step()
-    sandbox.dags_test("pglogical_cdc_microbatch", conf).check()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     results = compare_tables(dsn, [PUBLICATION], lake)
     assert all(r.equal for r in results), format_report(results)
 

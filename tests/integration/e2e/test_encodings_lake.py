@@ -16,15 +16,15 @@ import pytest
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import read_table
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.formats.lake import local_lake
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.spark.session import register_lake
-from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.values.raw_text import raw_bytes
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import read_table
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.formats.lake import local_lake
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
+from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.values.raw_text import raw_bytes
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 TABLE = '"schéma"."tablé"'

@@ -18,12 +18,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from airflow_provider_pglogical.assets import cut_asset, table_asset
-from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.lineage.facets import schema_of
-from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import AssetEventRecord, PostgresCluster
+from airflow_provider_postgres_cdc.assets import cut_asset, table_asset
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, tag_name
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.lineage.facets import schema_of
+from airflow_provider_postgres_cdc.replication import connect, describe_slot
+from airflow_provider_postgres_cdc.testing import AssetEventRecord, PostgresCluster
 from tests.integration.e2e.e2e_support import make_lake, pipeline_conf, pipeline_sandbox
 
 SLOT = "lineage_slot"
@@ -100,10 +100,10 @@ def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) 
     )
     conf = pipeline_conf(SLOT, tmp / "staging", conn_id="src", publication=PUBLICATION)
     try:
-        for_log = [sandbox.dags_test("pglogical_initial_snapshot", conf).check()]
+        for_log = [sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()]
         with pg_cluster.connect(database) as conn, conn.cursor() as cur:
             cur.execute(CHANGES)
-        for_log.append(sandbox.dags_test("pglogical_cdc_microbatch", conf).check())
+        for_log.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check())
         for run in for_log:
             (tmp / f"{run.dag_id}.log").write_text(run.output, encoding="utf-8")
         conn = connect(pg_cluster.dsn(database))
@@ -140,9 +140,9 @@ def assert_valid(facet: dict[str, Any], name: str) -> None:
 
 def test_every_task_emits_start_and_complete(runs: Runs) -> None:
     jobs = {
-        "pglogical_initial_snapshot": ("pglogical_snapshot.snapshot", "pglogical_snapshot.load"),
-        "pglogical_cdc_microbatch": (
-            "pglogical_cdc.wait_for_lag", "pglogical_cdc.drain", "pglogical_cdc.apply", "pglogical_cdc.ack",
+        "postgres_cdc_initial_snapshot": ("postgres_cdc_snapshot.snapshot", "postgres_cdc_snapshot.load"),
+        "postgres_cdc_microbatch": (
+            "postgres_cdc.wait_for_lag", "postgres_cdc.drain", "postgres_cdc.apply", "postgres_cdc.ack",
         ),
     }  # fmt: skip
     for dag, tasks in jobs.items():
@@ -153,30 +153,30 @@ def test_every_task_emits_start_and_complete(runs: Runs) -> None:
 
 
 def test_snapshot_reads_the_published_tables_with_their_filter_and_column_list(runs: Runs) -> None:
-    event = runs.one("pglogical_initial_snapshot.pglogical_snapshot.snapshot", "COMPLETE")
+    event = runs.one("postgres_cdc_initial_snapshot.postgres_cdc_snapshot.snapshot", "COMPLETE")
     inputs = by_name(event["inputs"])
     hostile = inputs[runs.source_namespace, f"{runs.database}.{SCHEMA}.{TABLE}"]
     plain = inputs[runs.source_namespace, f"{runs.database}.public.customers"]
     assert len(inputs) == 2 and event["outputs"] == []  # staging is no dataset
     assert fields(hostile) == {"id": "int4", "qty €": "int4", "note": "text"}  # "secret" is not published
     assert fields(plain)["amount"].startswith("numeric")
-    publication = hostile["facets"]["pglogicalPublication"]
+    publication = hostile["facets"]["postgresCdcPublication"]
     assert publication["rowFilter"] == "(((id % 2) = 0))"  # as PostgreSQL deparses it
     assert publication["columnList"] == ["id", "qty €", "note"]
     assert publication["publications"] == [PUBLICATION]
-    assert "rowFilter" not in plain["facets"]["pglogicalPublication"]  # every row: no filter
-    assert_valid(plain["facets"]["pglogicalPublication"], "PgLogicalPublicationDatasetFacet")
-    assert_valid(publication, "PgLogicalPublicationDatasetFacet")
-    batch = event["run"]["facets"]["pglogicalBatch"]
+    assert "rowFilter" not in plain["facets"]["postgresCdcPublication"]  # every row: no filter
+    assert_valid(plain["facets"]["postgresCdcPublication"], "PostgresCdcPublicationDatasetFacet")
+    assert_valid(publication, "PostgresCdcPublicationDatasetFacet")
+    batch = event["run"]["facets"]["postgresCdcBatch"]
     assert batch["kind"] == "snapshot" and batch["slot"] == SLOT and batch["startLsn"] == batch["endLsn"]
     assert batch["cutTag"] == tag_name(Lsn.parse(batch["endLsn"]))
     assert batch["rows"] == 4 + 5  # even ids of 1..8, and every customer
-    assert_valid(batch, "PgLogicalBatchRunFacet")
+    assert_valid(batch, "PostgresCdcBatchRunFacet")
 
 
 def test_load_writes_the_lake_tables_with_column_lineage_and_rows(runs: Runs) -> None:
-    start = runs.one("pglogical_initial_snapshot.pglogical_snapshot.load", "START")
-    event = runs.one("pglogical_initial_snapshot.pglogical_snapshot.load", "COMPLETE")
+    start = runs.one("postgres_cdc_initial_snapshot.postgres_cdc_snapshot.load", "START")
+    event = runs.one("postgres_cdc_initial_snapshot.postgres_cdc_snapshot.load", "COMPLETE")
     lake_table = ("iceberg://lake", f"{runs.lake.namespace(SCHEMA)}.{TABLE}")
     assert lake_table == ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü")
     outputs = by_name(event["outputs"])
@@ -199,16 +199,16 @@ def test_load_writes_the_lake_tables_with_column_lineage_and_rows(runs: Runs) ->
 
 
 def test_cdc_run_carries_the_lsn_window_and_the_cut(runs: Runs) -> None:
-    drain = runs.one("pglogical_cdc_microbatch.pglogical_cdc.drain", "COMPLETE")
-    apply = runs.one("pglogical_cdc_microbatch.pglogical_cdc.apply", "COMPLETE")
-    ack = runs.one("pglogical_cdc_microbatch.pglogical_cdc.ack", "COMPLETE")
-    window = drain["run"]["facets"]["pglogicalBatch"]
+    drain = runs.one("postgres_cdc_microbatch.postgres_cdc.drain", "COMPLETE")
+    apply = runs.one("postgres_cdc_microbatch.postgres_cdc.apply", "COMPLETE")
+    ack = runs.one("postgres_cdc_microbatch.postgres_cdc.ack", "COMPLETE")
+    window = drain["run"]["facets"]["postgresCdcBatch"]
     assert window["kind"] == "batch" and Lsn.parse(window["endLsn"]) == runs.acked
     assert Lsn.parse(window["startLsn"]) < runs.acked
     assert window["cutTag"] == tag_name(runs.acked)
     assert window["changes"] == 3 and window["transactions"] == 1  # id 11 is filtered out
     for event in (apply, ack):
-        assert event["run"]["facets"]["pglogicalBatch"] == window
+        assert event["run"]["facets"]["postgresCdcBatch"] == window
     assert {d["name"] for d in drain["inputs"]} == {
         f"{runs.database}.{SCHEMA}.{TABLE}",
         f"{runs.database}.public.customers",
@@ -230,7 +230,7 @@ def test_cdc_run_carries_the_lsn_window_and_the_cut(runs: Runs) -> None:
         ("iceberg://lake", f"{hostile}.{TABLE}"),
         ("iceberg://lake", "public.customers"),
     }
-    assert [(d["namespace"], d["name"]) for d in ack["outputs"]] == [("pglogical://lake", SLOT)]
+    assert [(d["namespace"], d["name"]) for d in ack["outputs"]] == [("postgres-cdc://lake", SLOT)]
 
 
 def test_hostile_tables_get_their_own_asset_events(runs: Runs) -> None:
@@ -243,7 +243,7 @@ def test_hostile_tables_get_their_own_asset_events(runs: Runs) -> None:
     by_task: dict[str, dict[str, dict[str, Any]]] = {}
     for event in runs.assets:
         by_task.setdefault(str(event.source_task_id), {})[event.uri] = event.extra
-    loads, applied = by_task["pglogical_snapshot.load"], by_task["pglogical_cdc.apply"]
+    loads, applied = by_task["postgres_cdc_snapshot.load"], by_task["postgres_cdc.apply"]
     assert set(loads) == set(applied) == {hostile, customers}
     assert (loads[hostile]["kind"], loads[hostile]["rows_inserted"], loads[customers]["rows_inserted"]) == (
         "snapshot",
@@ -253,6 +253,6 @@ def test_hostile_tables_get_their_own_asset_events(runs: Runs) -> None:
     assert loads[hostile]["table"] == f"{SCHEMA}.{TABLE}"
     rows = {uri: (e["rows_inserted"], e["rows_updated"], e["rows_deleted"]) for uri, e in applied.items()}
     assert rows == {hostile: (1, 0, 0), customers: (0, 1, 1)}  # id 11 is outside the row filter
-    (cut,) = by_task["pglogical_cdc.ack"].items()
+    (cut,) = by_task["postgres_cdc.ack"].items()
     assert cut[0] == cut_asset(runs.lake, SLOT).uri and Lsn.parse(cut[1]["lsn"]) == runs.acked
     assert cut[1]["tag"] == tag_name(runs.acked) == applied[hostile]["tag"]

@@ -20,13 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import SnapshotRun, jdbc_connection, take_snapshot
-from airflow_provider_pglogical.errors import NameEncodingError, PgLogicalError
-from airflow_provider_pglogical.formats.manifest import Manifest
-from airflow_provider_pglogical.replication import check_prerequisites, connect, drop_slot
-from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.values.raw_text import escape_bytes, raw_bytes
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import SnapshotRun, jdbc_connection, take_snapshot
+from airflow_provider_postgres_cdc.errors import NameEncodingError, PostgresCdcError
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.replication import check_prerequisites, connect, drop_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.values.raw_text import escape_bytes, raw_bytes
 
 # Per encoding: schema, table and column names and text the encoding can hold.
 SAMPLES = {
@@ -133,9 +133,9 @@ RAW_VALUES = [b"caf\xe9", b"\xc3\xa9t\xc3\xa9 \xe2\x82\xac", b"x\\\xff\ty", "\U0
 
 
 def cli(*args: str) -> str:
-    """A ``pglogical`` command's output, run as a user would."""
+    """A ``pgcdc`` command's output, run as a user would."""
     result = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_pglogical.cli", *args],
+        [sys.executable, "-m", "airflow_provider_postgres_cdc.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -194,9 +194,9 @@ def test_sql_ascii_bytes_follow_the_documented_rule(
     assert (check["server_encoding"], check["client_encoding"]) == ("SQL_ASCII", "UTF8")
     assert "U+10FE00" in check["warnings"][0]
     # The peek command shows what is not UTF-8 replaced, instead of failing on it.
-    assert "caf\ufffd" in cli("peek", "--dsn", dsn, "--slot", "enc", "--publication", "pub").encode().decode(
-        "unicode_escape"
-    )
+    assert "caf\ufffd" in cli(
+        "peek", "--dsn", dsn, "--slot-name", "enc", "--publications", "pub"
+    ).encode().decode("unicode_escape")
     conn = connect(dsn)
     drop_slot(conn, "enc")
     conn.close()
@@ -233,7 +233,7 @@ def test_spark_copy_engine_refuses_sql_ascii_before_submitting(
     )
     url, properties, _ = jdbc_connection(pg_cluster.dsn(encoded_db))
     with (
-        pytest.raises(PgLogicalError, match=r"SQL_ASCII.*copy_engine='local'"),
+        pytest.raises(PostgresCdcError, match=r"SQL_ASCII.*copy_engine='local'"),
         SnapshotRun(pg_cluster.dsn(encoded_db), "spark_enc", ["pub"], str(tmp_path)) as run,
     ):
         run.spark_job_spec(url, properties)

@@ -22,9 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg2 import sql
 
-from airflow_provider_pglogical.engine.lake_catalog import read_table
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.engine.lake_catalog import read_table
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 
 TEXT_SUFFIX = "__pgl_text"
 SCRATCH = "pgl_fidelity_lake"

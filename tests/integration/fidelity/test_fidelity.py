@@ -10,7 +10,7 @@ Spark job and acknowledged, exactly as the pipeline does without Airflow. After 
 after each round every table must be equal twice over: by ``verify.compare_tables`` (multiset,
 the product's type mapping) and by ``exact.compare_exact`` (PostgreSQL's own text of every row).
 
-``make test`` runs the seeds in ``DEFAULT_SEEDS``. More: ``PGLOGICAL_FIDELITY_SEEDS=100`` (seeds
+``make test`` runs the seeds in ``DEFAULT_SEEDS``. More: ``POSTGRES_CDC_FIDELITY_SEEDS=100`` (seeds
 1-100), ``=200-299`` (a range) or ``=7,42`` (a list). A failure names the command replaying its seed.
 """
 
@@ -25,13 +25,13 @@ import psycopg2
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.formats.manifest import Manifest
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.spark.session import register_lake
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.fidelity.exact import compare_all
 from tests.integration.fidelity.seeds import parse_seeds
 from tests.integration.fidelity.steps import acknowledge
@@ -40,7 +40,7 @@ from tests.pg_majors import DEFAULT, PG18
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-SEEDS_ENV = "PGLOGICAL_FIDELITY_SEEDS"
+SEEDS_ENV = "POSTGRES_CDC_FIDELITY_SEEDS"
 DEFAULT_SEEDS = [1, 4, 33]  # together: every shape, value family and workload step of the generator
 PG18_SEED = 1  # also run on PostgreSQL 18 (tests/pg_majors.py)
 SLOT = "fidelity"

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.errors import BatchNotAppliedError, ManifestSlotMismatchError
-from airflow_provider_pglogical.formats.lake import local_lake
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
-from airflow_provider_pglogical.replication import connect, create_slot, describe_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.errors import BatchNotAppliedError, ManifestSlotMismatchError
+from airflow_provider_postgres_cdc.formats.lake import local_lake
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
+from airflow_provider_postgres_cdc.replication import connect, create_slot, describe_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 
 @pytest.fixture
@@ -33,9 +33,9 @@ def source(
     return pg_cluster.dsn(pg_dbname)
 
 
-def _ack(slot: str, manifest: str) -> PgLogicalAckOperator:
-    return PgLogicalAckOperator(
-        task_id="ack", slot_name=slot, manifest=manifest, lake_conn_id="ack_lake", pglogical_conn_id="ack_src"
+def _ack(slot: str, manifest: str) -> PostgresCdcAckOperator:
+    return PostgresCdcAckOperator(
+        task_id="ack", slot_name=slot, manifest=manifest, lake_conn_id="ack_lake", postgres_conn_id="ack_src"
     )
 
 

@@ -4,7 +4,7 @@
   plugin reports for the same changes (a second slot created at the same point);
 * captures: the stored golden captures still match what the server sends today;
 * random workloads from the server: the columnar route equals the reference route;
-* ``pglogical peek`` prints the pending changes and leaves the slot where it was.
+* ``pgcdc peek`` prints the pending changes and leaves the slot where it was.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pglogical.cli import peek as peek_command
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.pgoutput import (
+from airflow_provider_postgres_cdc.cli import peek as peek_command
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.pgoutput import (
     BatchDecoder,
     PgOutputDecoder,
     Transaction,
     assemble,
     transactions_to_tables,
 )
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.data.pgoutput import capture
 from tests.pg_majors import ALSO_ON_PG18
 
@@ -265,7 +265,7 @@ def test_peek_prints_json_lines_and_does_not_consume(pg_cluster: PostgresCluster
     pg_cluster.execute("INSERT INTO full_t VALUES (1, 'one'); DELETE FROM full_t", db)
     pg_cluster.execute("SELECT pg_logical_emit_message(true, 'p', 'hello')", db)
     wait_flushed(pg_cluster, db)
-    argv = ["--dsn", pg_cluster.dsn(db), "--slot", "po", "--publication", "pub", "--messages"]
+    argv = ["--dsn", pg_cluster.dsn(db), "--slot-name", "po", "--publications", "pub", "--messages"]
     lines = run_peek(argv)
     ops = [line["op"] for line in lines if line["op"] not in ("relation", "begin", "commit")]
     assert ops == ["insert", "update", "update", "insert", "delete", "message"]

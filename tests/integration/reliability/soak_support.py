@@ -33,19 +33,19 @@ import pyarrow.parquet as pq
 from pyiceberg.exceptions import NoSuchTableError
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, Transport, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import open_catalog, unapplied_tables
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.engine.staging import read_manifest
-from airflow_provider_pglogical.errors import ResnapshotNeededError, SlotActiveError
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import Manifest
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.replication import connect, describe_slot, peek_calls
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.spark.session import register_lake
-from airflow_provider_pglogical.testing import AirflowSandbox
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, Transport, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog, unapplied_tables
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.staging import read_manifest
+from airflow_provider_postgres_cdc.errors import ResnapshotNeededError, SlotActiveError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.replication import connect, describe_slot, peek_calls
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
+from airflow_provider_postgres_cdc.testing import AirflowSandbox
 from tests.integration.e2e.e2e_support import SPARK_LOCAL, pipeline_conf, spark_submit_command
 from tests.integration.fidelity.steps import acknowledge
 from tests.integration.fidelity.workload import Transaction
@@ -55,14 +55,14 @@ CRASHES = ["drain_kill", "apply_kill", "dag_kill", "ack_lost", "apply_twice", "r
 TRANSPORTS: list[Transport] = ["peek", "stream"]  # each drain picks one: SQL peek, or protocol 2 streaming
 # The peek's first call, drawn per drain: small ones split even a soak batch into several calls.
 FIRST_PEEK_CALLS = [20, 200, peek_calls.FIRST_CALL_MESSAGES]
-CDC_DAG = "pglogical_cdc_microbatch"
+CDC_DAG = "postgres_cdc_microbatch"
 CHANGE_KEY = ("_pgl_commit_lsn", "_pgl_seq")
 
 # One drain, run in its own process so that it can be SIGKILLed mid-window.
 DRAIN_SCRIPT = """
 import json, sys
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.replication import peek_calls
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.replication import peek_calls
 args = json.loads(sys.argv[1])
 peek_calls.FIRST_CALL_MESSAGES = args["first_call"]
 settings = DrainSettings(

@@ -1,7 +1,7 @@
 """The bad-input catalogue: every error a user can meet, caused for real, with the words its message
 must hold (the fix among them). README.md's "Troubleshooting" table is checked against CATALOGUE.
 
-Each case runs what a user runs (an engine function, an operator, the ``pglogical`` command) against
+Each case runs what a user runs (an engine function, an operator, the ``pgcdc`` command) against
 the real server: the session's cluster, or a throwaway one where the server itself must be wrong
 (``wal_level=replica``; a 1 MB ``max_slot_wal_keep_size`` to lose a slot). The Spark case is marked
 ``spark``: run it under the machine's lock (``-m spark``), the others with ``-m "not spark"``.
@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.engine.drain import DrainResult, DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import SnapshotProgress, take_snapshot
-from airflow_provider_pglogical.errors import RECOVERY_DAG
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.pgoutput import BatchDecoder
-from airflow_provider_pglogical.replication import connect, connect_replication, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster, S3Server
+from airflow_provider_postgres_cdc.engine.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import SnapshotProgress, take_snapshot
+from airflow_provider_postgres_cdc.errors import RECOVERY_DAG
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.pgoutput import BatchDecoder
+from airflow_provider_postgres_cdc.replication import connect, connect_replication, create_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster, S3Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -58,7 +58,7 @@ CATALOGUE: tuple[BadInput, ...] = (
     BadInput(
         "wal-level",
         "`wal_level` is not `logical`",
-        "`pglogical check`",
+        "`pgcdc check`",
         "exit 1",
         ("FAIL WalLevelError", "ALTER SYSTEM SET wal_level = 'logical';", "restart the server"),
         "Run `ALTER SYSTEM SET wal_level = 'logical';` as a superuser and restart PostgreSQL.",
@@ -87,7 +87,7 @@ CATALOGUE: tuple[BadInput, ...] = (
         "the slot does not exist",
         "drain",
         "SlotNotFoundError",
-        ("does not exist", "pglogical_initial_snapshot", RECOVERY_DAG),
+        ("does not exist", "postgres_cdc_initial_snapshot", RECOVERY_DAG),
         f"A new pipeline: the initial snapshot creates it. A dropped slot: trigger `{RECOVERY_DAG}`.",
     ),
     BadInput(
@@ -112,7 +112,8 @@ CATALOGUE: tuple[BadInput, ...] = (
         "drain, snapshot",
         "PublicationNotFoundError",
         ("missing_pub", "not found in database", "CREATE PUBLICATION"),
-        "Create it with `CREATE PUBLICATION` (or `PgLogicalHook.create_publication`) in the source database.",
+        "Create it with `CREATE PUBLICATION` (or `PostgresCdcHook.create_publication`) in the source "
+        "database.",
     ),
     BadInput(
         "unwritable-staging",
@@ -156,19 +157,19 @@ CATALOGUE: tuple[BadInput, ...] = (
             "column 'qty' changed",
             "which is not a widening",
             "nothing of this batch was applied",
-            "airflow dags trigger pglogical_backfill_tables",
+            "airflow dags trigger postgres_cdc_backfill_tables",
         ),
-        "Re-snapshot the table with the `pglogical_backfill_tables` command the message prints, "
+        "Re-snapshot the table with the `postgres_cdc_backfill_tables` command the message prints, "
         "then re-run the apply.",
         spark=True,
     ),
     BadInput(
         "malformed-pgoutput",
         "pgoutput bytes the decoder cannot read",
-        "drain, `pglogical peek`",
+        "drain, `pgcdc peek`",
         "PgOutputDecodeError",
-        ("cannot decode pgoutput message 'I'", "the slot did not move", "pglogical peek"),
-        "Nothing was staged: save what `pglogical peek` prints there and report it with the server version.",
+        ("cannot decode pgoutput message 'I'", "the slot did not move", "pgcdc peek"),
+        "Nothing was staged: save what `pgcdc peek` prints there and report it with the server version.",
     ),
     BadInput(
         "copy-cut",
@@ -265,7 +266,7 @@ def _drop_role(env: Env, name: str) -> None:
 def wal_level(env: Env) -> Outcome:
     replica: PostgresCluster = env.request.getfixturevalue("replica_cluster")
     result = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_pglogical.cli", "check", "--dsn", replica.dsn()],
+        [sys.executable, "-m", "airflow_provider_postgres_cdc.cli", "check", "--dsn", replica.dsn()],
         capture_output=True,
         text=True,
         timeout=120,
@@ -349,7 +350,7 @@ def unwritable_staging(env: Env) -> Outcome:
 
 
 def refused_staging(env: Env) -> Outcome:
-    from airflow_provider_pglogical.engine.object_store import S3Options
+    from airflow_provider_postgres_cdc.engine.object_store import S3Options
 
     s3: S3Server = env.request.getfixturevalue("s3_server")
     _published(env)
@@ -360,15 +361,15 @@ def refused_staging(env: Env) -> Outcome:
 
 
 def _lake_ack(env: Env, slot: str, manifest: str, lake_root: Path) -> Outcome:
-    from airflow_provider_pglogical.formats.lake import local_lake
-    from airflow_provider_pglogical.hooks.lake import connection_json
-    from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
+    from airflow_provider_postgres_cdc.formats.lake import local_lake
+    from airflow_provider_postgres_cdc.hooks.lake import connection_json
+    from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
 
     env.monkeypatch.setenv("AIRFLOW_CONN_CATALOGUE_SRC", env.pg.uri(env.db))
     env.monkeypatch.setenv("AIRFLOW_CONN_CATALOGUE_LAKE", connection_json(local_lake(str(lake_root))))
-    ack = PgLogicalAckOperator(
+    ack = PostgresCdcAckOperator(
         task_id="ack", slot_name=slot, manifest=manifest, lake_conn_id="catalogue_lake",
-        pglogical_conn_id="catalogue_src",
+        postgres_conn_id="catalogue_src",
     )  # fmt: skip
     return raised(lambda: ack.execute({}))  # type: ignore[arg-type]
 
@@ -392,9 +393,9 @@ def foreign_manifest(env: Env) -> Outcome:
 
 
 def incompatible_schema(env: Env) -> Outcome:
-    from airflow_provider_pglogical.formats.lake import local_lake
-    from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-    from airflow_provider_pglogical.spark.session import local_session, register_lake
+    from airflow_provider_postgres_cdc.formats.lake import local_lake
+    from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+    from airflow_provider_postgres_cdc.spark.session import local_session, register_lake
 
     _published(env)
     env.sql("INSERT INTO t SELECT g, g FROM generate_series(1, 10) g")
@@ -403,7 +404,7 @@ def incompatible_schema(env: Env) -> Outcome:
     lake = local_lake(str(env.tmp / "lake"), catalog="catalogue_lake")
     # The run's shared session when one is up (tests/integration/conftest.py): left running for the
     # tests after this one; stopping it here would stop theirs.
-    spark = local_session("pglogical-bad-inputs", cores=1)
+    spark = local_session("postgres-cdc-bad-inputs", cores=1)
     register_lake(spark, lake)
     apply_manifest(spark, snapshot_path, lake)
     env.sql("ALTER TABLE t ALTER COLUMN qty TYPE text; INSERT INTO t VALUES (11, 'eleven')")
@@ -506,7 +507,7 @@ def drain_cut(env: Env) -> Outcome:
             )
         )
     )
-    logger = logging.getLogger("airflow_provider_pglogical.engine.drain")
+    logger = logging.getLogger("airflow_provider_postgres_cdc.engine.drain")
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -603,8 +604,8 @@ def test_bad_input_fails_with_the_fix_in_its_message(
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if case.spark and not os.environ.get("PGLOGICAL_SPARK_JARS"):
-        pytest.skip("PGLOGICAL_SPARK_JARS is not set: the Iceberg runtime jars are needed")
+    if case.spark and not os.environ.get("POSTGRES_CDC_SPARK_JARS"):
+        pytest.skip("POSTGRES_CDC_SPARK_JARS is not set: the Iceberg runtime jars are needed")
     outcome = RUNS[case.key](Env(pg_cluster, pg_dbname, tmp_path, request, monkeypatch))
     assert outcome.error == case.error, outcome
     missing = [word for word in case.words if word not in outcome.message]

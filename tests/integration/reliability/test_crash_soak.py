@@ -17,7 +17,7 @@ source, and then:
 * every staged change is in its table's changelog exactly once.
 
 ``make test`` runs ``DEFAULT_SEEDS`` with 2 rounds. ``make soak SEEDS=100 [ROUNDS=4]`` runs seeds
-1-100 (``PGLOGICAL_SOAK_SEEDS``: ``N``, ``A-B`` or ``A,B``; ``PGLOGICAL_SOAK_ROUNDS``), one line
+1-100 (``POSTGRES_CDC_SOAK_SEEDS``: ``N``, ``A-B`` or ``A,B``; ``POSTGRES_CDC_SOAK_ROUNDS``), one line
 per seed and a summary line. A failing seed keeps its work directory (staging, lake, the SQL the
 writers ran) and prints the command replaying it alone. Crash timings are random, so a replay
 runs the same schema, statements and crash kinds, not necessarily the same kill instants.
@@ -40,8 +40,8 @@ import pytest
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 from tests.integration.fidelity.exact import compare_all
 from tests.integration.fidelity.seeds import parse_seeds
 from tests.integration.reliability.soak_support import CRASHES, SoakPipeline, Writer
@@ -49,8 +49,8 @@ from tests.integration.reliability.soak_workload import SoakWorkload
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-SEEDS_ENV = "PGLOGICAL_SOAK_SEEDS"
-ROUNDS_ENV = "PGLOGICAL_SOAK_ROUNDS"
+SEEDS_ENV = "POSTGRES_CDC_SOAK_SEEDS"
+ROUNDS_ENV = "POSTGRES_CDC_SOAK_ROUNDS"
 # ~50 s: 2 tables, the CDC DAG run SIGKILLed and a drain kill. Seed 3 (large transactions, a lost ack,
 # an apply run twice; ~40 s) ran here too until the suite had to shrink: `make soak` runs it (seeds 1-20).
 DEFAULT_SEEDS = [2]

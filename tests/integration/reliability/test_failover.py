@@ -4,7 +4,7 @@ A primary and a physical standby (``pg_basebackup``) run on this machine, the st
 ``sync_replication_slots`` and the primary with ``synchronized_standby_slots``. The initial
 snapshot creates the pipeline's slot as a failover slot (the default from PostgreSQL 17); CDC
 rounds (drain, Spark apply, ack) run while a writer commits on the primary, until
-``pglogical check`` on the standby finds the slot sync-ready. The primary is then SIGKILLed in the
+``pgcdc check`` on the standby finds the slot sync-ready. The primary is then SIGKILLed in the
 middle of the workload, the standby promoted, and the pipeline pointed at it: that is all a user
 changes. It continues from the synchronized slot: every table equals the new primary's, every
 staged change is in its changelog exactly once, and the only snapshot is the first one.
@@ -29,19 +29,19 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.demo.shop import PUBLICATION, TABLES, ShopWorkload
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import open_catalog
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.errors import SlotNotFoundError
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.formats.layout import SNAPSHOT_PREFIX
-from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.spark.session import register_lake
-from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.testing.standby import PostgresStandby
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.errors import SlotNotFoundError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.layout import SNAPSHOT_PREFIX
+from airflow_provider_postgres_cdc.replication import connect, describe_slot
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
+from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing.standby import PostgresStandby
 from tests.integration.fidelity.steps import acknowledge
 
 SLOT = "shop_cdc"
@@ -136,9 +136,9 @@ class Pipeline:
 
 
 def check(dsn: str, *args: str) -> dict[str, object]:
-    """``pglogical check --json`` against ``dsn`` (its exit status is in the result)."""
+    """``pgcdc check --json`` against ``dsn`` (its exit status is in the result)."""
     done = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_pglogical.cli", "check", "--dsn", dsn, "--json", *args],
+        [sys.executable, "-m", "airflow_provider_postgres_cdc.cli", "check", "--dsn", dsn, "--json", *args],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     report: dict[str, object] = json.loads(done.stdout)
@@ -159,7 +159,7 @@ def test_cdc_continues_on_the_promoted_standby_without_a_resnapshot(
 
     # Not yet sync-ready: check on the standby says so (exit 1) and why.
     standby.wait_replayed()
-    early = check(standby.dsn("shop"), "--slot", SLOT)
+    early = check(standby.dsn("shop"), "--slot-name", SLOT)
     assert early["returncode"] == 1 and early["in_recovery"] is True
     writer = Writer(shop)
     writer.start()
@@ -170,7 +170,7 @@ def test_cdc_continues_on_the_promoted_standby_without_a_resnapshot(
         pipeline.round()
         primary.execute("SELECT pg_log_standby_snapshot()", "shop")
         rounds += 1
-    ready = check(standby.dsn("shop"), "--slot", SLOT)
+    ready = check(standby.dsn("shop"), "--slot-name", SLOT)
     assert ready["returncode"] == 0, ready["problems"]
     assert ready["slot_synced"] is True and ready["slot_temporary"] is False
 
@@ -207,7 +207,7 @@ def test_a_slot_not_yet_sync_ready_at_promotion_is_reported_with_the_fix(
     primary, standby = pair
     take_snapshot(primary.dsn("shop"), SLOT, [PUBLICATION], str(tmp_path / "staging"))
     standby.wait_replayed()
-    report = check(standby.dsn("shop"), "--slot", SLOT)
+    report = check(standby.dsn("shop"), "--slot-name", SLOT)
     assert report["returncode"] == 1
     assert any(
         "not yet sync-ready" in str(p) or "does not exist on this standby" in str(p)
@@ -218,4 +218,4 @@ def test_a_slot_not_yet_sync_ready_at_promotion_is_reported_with_the_fix(
     standby.wait_for("SELECT NOT pg_is_in_recovery()")
     with pytest.raises(SlotNotFoundError, match="promot") as error:
         drain_batch(standby.dsn("shop"), DrainSettings(SLOT, (PUBLICATION,), str(tmp_path / "staging")))
-    assert "pglogical_recover_slot" in str(error.value)
+    assert "postgres_cdc_recover_slot" in str(error.value)

@@ -19,26 +19,26 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.demo.shop import PUBLICATION, ShopWorkload
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.errors import PrivilegeError
-from airflow_provider_pglogical.formats.lake import local_lake
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.replication.publications import TableSpec, publish_tables
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, ShopWorkload
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.errors import PrivilegeError
+from airflow_provider_postgres_cdc.formats.lake import local_lake
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.replication.publications import TableSpec, publish_tables
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.e2e.e2e_support import DAGS, pipeline_conf, pipeline_sandbox
 
 SLOT = "lp_cdc"
 # A re-snapshot through the Spark JDBC copy engine: the one path that hands the password to Spark.
 SPARK_SNAPSHOT_DAG = """
 from airflow.sdk import DAG
-from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
+from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
 
 with DAG("lp_spark_resnapshot", schedule=None):
-    PgLogicalSnapshotOperator(
+    PostgresCdcSnapshotOperator(
         task_id="copy", slot_name="{slot}", publications="{publication}", staging="{staging}",
         tables=["public.orders"], slot_mode="temporary", copy_engine="spark",
-        pglogical_conn_id="shop", spark_conn_id="spark_local",
+        postgres_conn_id="shop", spark_conn_id="spark_local",
     )
 """
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
@@ -104,14 +104,16 @@ def test_replication_role_runs_everything_and_its_password_leaks_nowhere(
     )
     sandbox = pipeline_sandbox(tmp_path / "airflow", uri, connection_json(lake), dags=dags)
     conf = pipeline_conf(SLOT, staging)
-    outputs = [sandbox.dags_test("pglogical_initial_snapshot", conf).check().output]
+    outputs = [sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check().output]
     shop.step()
-    outputs.append(sandbox.dags_test("pglogical_cdc_microbatch", conf).check().output)
+    outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
     shop.step()
     outputs.append(
-        sandbox.dags_test("pglogical_backfill_tables", {**conf, "tables": ["public.orders"]}).check().output
+        sandbox.dags_test("postgres_cdc_backfill_tables", {**conf, "tables": ["public.orders"]})
+        .check()
+        .output
     )
-    outputs.append(sandbox.dags_test("pglogical_cdc_microbatch", conf).check().output)
+    outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
     outputs.append(sandbox.dags_test("lp_spark_resnapshot").check().output)
 
     results = compare_tables(pg_cluster.dsn(pg_dbname), [PUBLICATION], lake)
@@ -119,13 +121,13 @@ def test_replication_role_runs_everything_and_its_password_leaks_nowhere(
 
     # The CLI with the secret in its DSN: reports on pending changes, and an error (no such slot).
     shop.step()
-    cli = str(Path(sys.executable).with_name("pglogical"))
+    cli = str(Path(sys.executable).with_name("pgcdc"))
     role_dsn = pg_cluster.dsn(pg_dbname, user=role, password=password)
     commands = (
         ["check"],
-        ["lag", "--slot", SLOT, "--publication", PUBLICATION],
-        ["lag", "--slot", "no_such_slot"],
-        ["peek", "--slot", SLOT, "--publication", PUBLICATION, "--limit", "5"],
+        ["lag", "--slot-name", SLOT, "--publications", PUBLICATION],
+        ["lag", "--slot-name", "no_such_slot"],
+        ["peek", "--slot-name", SLOT, "--publications", PUBLICATION, "--limit", "5"],
     )
     for args in commands:
         run = subprocess.run([cli, "-v", *args[:1], "--dsn", role_dsn, *args[1:]],

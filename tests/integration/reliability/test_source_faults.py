@@ -28,13 +28,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainResult, DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import SnapshotLostError, SnapshotProgress, take_snapshot
-from airflow_provider_pglogical.errors import ConnectionLostError, StagingNotWritableError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import Manifest
-from airflow_provider_pglogical.replication import connect, create_slot, describe_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainResult, DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import SnapshotLostError, SnapshotProgress, take_snapshot
+from airflow_provider_postgres_cdc.errors import ConnectionLostError, StagingNotWritableError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.replication import connect, create_slot, describe_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -96,7 +96,7 @@ class _OnFirstPiece(logging.Handler):
 
 
 def _drain_with_fault(settings: DrainSettings, dsn: str, action: Callable[[], None]) -> tuple[Exception, int]:
-    logger = logging.getLogger("airflow_provider_pglogical.engine.drain")
+    logger = logging.getLogger("airflow_provider_postgres_cdc.engine.drain")
     handler, level = _OnFirstPiece(action), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pglogical.replication import (
+from airflow_provider_postgres_cdc.replication import (
     TableSpec,
     alter_publication,
     connect,
@@ -13,7 +13,7 @@ from airflow_provider_pglogical.replication import (
     describe_publications,
     drop_publication,
 )
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 EVIL_TABLE = 'x"; DROP TABLE victims; --'
 EVIL_COLUMN = 'c"); DROP TABLE victims; --'

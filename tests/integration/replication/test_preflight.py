@@ -7,15 +7,15 @@ from collections.abc import Iterator
 import psycopg2
 import pytest
 
-from airflow_provider_pglogical.errors import (
+from airflow_provider_postgres_cdc.errors import (
     PrivilegeError,
     ReplicationCapacityError,
     ServerVersionError,
     WalLevelError,
 )
-from airflow_provider_pglogical.replication import check_prerequisites, connect
-from airflow_provider_pglogical.replication.preflight import inspect_prerequisites
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.replication import check_prerequisites, connect
+from airflow_provider_postgres_cdc.replication.preflight import inspect_prerequisites
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 
 @pytest.fixture(scope="module")

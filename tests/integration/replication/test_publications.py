@@ -6,8 +6,8 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.errors import ColumnListConflictError, PublicationNotFoundError
-from airflow_provider_pglogical.replication import (
+from airflow_provider_postgres_cdc.errors import ColumnListConflictError, PublicationNotFoundError
+from airflow_provider_postgres_cdc.replication import (
     TableSpec,
     alter_publication,
     connect,
@@ -15,8 +15,8 @@ from airflow_provider_pglogical.replication import (
     describe_publications,
     drop_publication,
 )
-from airflow_provider_pglogical.replication.publications import published_tables
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.replication.publications import published_tables
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.errors import ServerFeatureError
-from airflow_provider_pglogical.replication import connect, list_slots
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.errors import ServerFeatureError
+from airflow_provider_postgres_cdc.replication import connect, list_slots
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.drain.staged import staged_tables
 
 

@@ -7,9 +7,9 @@ import time
 import psycopg2
 import pytest
 
-from airflow_provider_pglogical.errors import SlotActiveError, SlotExistsError, SlotNotFoundError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication import (
+from airflow_provider_postgres_cdc.errors import SlotActiveError, SlotExistsError, SlotNotFoundError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication import (
     advance_slot,
     connect,
     connect_replication,
@@ -20,7 +20,7 @@ from airflow_provider_pglogical.replication import (
     list_slots,
     slot_lag_bytes,
 )
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 
 def test_exported_snapshot_sees_exactly_the_rows_before_the_slot(

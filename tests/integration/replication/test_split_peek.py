@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.errors import SlotActiveError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication import (
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.errors import SlotActiveError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication import (
     advance_slot,
     connect,
     create_slot,
@@ -23,8 +23,8 @@ from airflow_provider_pglogical.replication import (
     hold_drain_lock,
     peek_calls,
 )
-from airflow_provider_pglogical.replication.transports import PeekTransport, ReadResult, plugin_options
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.replication.transports import PeekTransport, ReadResult, plugin_options
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.drain.staged import staged_tables
 
 Message = tuple[int, bytes]
@@ -98,7 +98,7 @@ def test_split_read_is_the_one_peek_read(
     before = describe_slot(conn, "s").confirmed_flush_lsn
     slots = _slot_count(cluster, db)
     whole = _read(conn, bound, split=False)
-    with caplog.at_level(logging.DEBUG, "airflow_provider_pglogical.replication.transports"):
+    with caplog.at_level(logging.DEBUG, "airflow_provider_postgres_cdc.replication.transports"):
         split = _read(conn, bound, first_call=40)
     assert any("calls on a temporary copy" in r.message for r in caplog.records)
     assert _without_relations(split) == _without_relations(whole)

@@ -2,7 +2,7 @@
 
 The combination that works: the initial snapshot taken on the standby (its replication connection
 exports a snapshot there, and the slot is created there, not as a failover slot), then drains by
-both transports, ``pglogical lag`` and the ack against the standby, while the primary takes the
+both transports, ``pgcdc lag`` and the ack against the standby, while the primary takes the
 writes. On a standby without ``hot_standby_feedback`` the drain refuses to read, naming the fix,
 before the primary's vacuum can invalidate the slot. A standby promoted in the middle of a drain
 makes that drain fail with ``StandbyPromotedError``, staging nothing and leaving the slot where it
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.errors import FailoverNotReadyError, StandbyPromotedError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication import advance_slot, connect, describe_slot
-from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.testing.standby import PostgresStandby
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.errors import FailoverNotReadyError, StandbyPromotedError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication import advance_slot, connect, describe_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing.standby import PostgresStandby
 from tests.integration.drain.staged import staged_tables
 
 SLOT = "on_standby"
@@ -83,8 +83,8 @@ def test_snapshot_drain_lag_and_ack_on_a_standby(
     standby.wait_replayed()
 
     lag = subprocess.run(
-        [sys.executable, "-m", "airflow_provider_pglogical.cli", "lag", "--dsn", standby.dsn(db),
-         "--slot", SLOT, "--publication", "pub", "--json"],
+        [sys.executable, "-m", "airflow_provider_postgres_cdc.cli", "lag", "--dsn", standby.dsn(db),
+         "--slot-name", SLOT, "--publications", "pub", "--json"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert lag.returncode == 0, lag.stderr
@@ -168,7 +168,7 @@ def test_a_standby_promoted_mid_drain_fails_the_drain_and_loses_nothing(
                 standby.promote()
 
     handler = PromoteOnceBounded()
-    drain_log = logging.getLogger("airflow_provider_pglogical.engine.drain")
+    drain_log = logging.getLogger("airflow_provider_postgres_cdc.engine.drain")
     drain_log.addHandler(handler)
     previous_level = drain_log.level
     drain_log.setLevel(logging.INFO)

@@ -6,17 +6,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_pglogical.errors import SlotActiveError, TransportError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication import connect, connect_replication, create_slot, describe_slot
-from airflow_provider_pglogical.replication.raw_messages import RawMessages
-from airflow_provider_pglogical.replication.transports import (
+from airflow_provider_postgres_cdc.errors import SlotActiveError, TransportError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication import connect, connect_replication, create_slot, describe_slot
+from airflow_provider_postgres_cdc.replication.raw_messages import RawMessages
+from airflow_provider_postgres_cdc.replication.transports import (
     PeekTransport,
     ReadResult,
     StreamingTransport,
     plugin_options,
 )
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 
 def _flush_lsn(conn) -> Lsn:  # type: ignore[no-untyped-def]

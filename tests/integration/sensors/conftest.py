@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 from tests.integration.sensors.slot_lag_support import PublishedSlot, connection_uri, make_published_slot
 
 

@@ -14,8 +14,8 @@ import psycopg2
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 PASSWORD = "s3cret-pass-7f1e"
 """Trust authentication ignores it; tests assert it never leaks into kwargs, events or logs."""

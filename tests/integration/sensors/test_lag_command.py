@@ -1,4 +1,4 @@
-"""`pglogical lag` against the throwaway cluster: table, JSON, spill counters, ages and exit codes."""
+"""`pgcdc lag` against the throwaway cluster: table, JSON, spill counters, ages and exit codes."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from airflow_provider_pglogical.cli.lag import register
-from airflow_provider_pglogical.errors import SlotNotFoundError
+from airflow_provider_postgres_cdc.cli.lag import register
+from airflow_provider_postgres_cdc.errors import SlotNotFoundError
 from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
 
 pytestmark = pytest.mark.integration
 
 
 def lag_command(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    parser = argparse.ArgumentParser(prog="pglogical")
+    parser = argparse.ArgumentParser(prog="pgcdc")
     register(parser.add_subparsers())
     args = parser.parse_args(["lag", *argv])
     code = args.func(args)
@@ -57,11 +57,11 @@ def test_lag_table_shows_spill_counters_and_exits_zero_when_healthy(
     spill_a_large_transaction(published)
     code, out = lag_command(
         capsys,
-        "--conn-id",
+        "--postgres-conn-id",
         published.conn_id,
-        "--slot",
+        "--slot-name",
         published.slot,
-        "--publication",
+        "--publications",
         published.publication,
     )
     assert code == 0, out
@@ -85,7 +85,7 @@ def test_lag_json_lists_every_slot_with_its_age(
         "--dsn",
         published.cluster.dsn(published.dbname),
         "--json",
-        "--publication",
+        "--publications",
         published.publication,
     )
     assert code == 0
@@ -101,7 +101,7 @@ def test_lag_fails_on_a_floor_the_server_cannot_meet(
     published: PublishedSlot, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The session cluster has no max_slot_wal_keep_size: safe_wal_size is NULL, a floor cannot apply.
-    code, out = lag_command(capsys, "--conn-id", published.conn_id, "--min-safe-wal", "1GB")
+    code, out = lag_command(capsys, "--postgres-conn-id", published.conn_id, "--min-safe-wal", "1GB")
     assert code == 0, out
 
 
@@ -109,7 +109,7 @@ def test_lag_of_a_missing_slot_is_an_error(
     published: PublishedSlot, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SlotNotFoundError, match="missing_slot"):
-        lag_command(capsys, "--conn-id", published.conn_id, "--slot", "missing_slot")
+        lag_command(capsys, "--postgres-conn-id", published.conn_id, "--slot-name", "missing_slot")
 
 
 def test_lag_flags_an_inactive_stale_slot(
@@ -118,11 +118,11 @@ def test_lag_flags_an_inactive_stale_slot(
     published.write(10)
     code, out = lag_command(
         capsys,
-        "--conn-id",
+        "--postgres-conn-id",
         published.conn_id,
-        "--slot",
+        "--slot-name",
         published.slot,
-        "--publication",
+        "--publications",
         published.publication,
         "--stale-after",
         "0",

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 import pytest
 from psycopg2 import sql
 
-from airflow_provider_pglogical.cli.lag import register
-from airflow_provider_pglogical.engine.health import WalRetentionError
-from airflow_provider_pglogical.errors import SlotLostError
-from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
-from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+from airflow_provider_postgres_cdc.cli.lag import register
+from airflow_provider_postgres_cdc.engine.health import WalRetentionError
+from airflow_provider_postgres_cdc.errors import SlotLostError
+from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
+from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger
 from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot, make_published_slot
 
 pytestmark = pytest.mark.integration
@@ -61,9 +61,9 @@ def wal_status(slot: PublishedSlot) -> str:
     return str(rows[0][0])
 
 
-def lag_sensor(slot: PublishedSlot, **kwargs: object) -> PgLogicalSlotLagSensor:
-    return PgLogicalSlotLagSensor(
-        task_id="lag", slot_name=slot.slot, pglogical_conn_id=slot.conn_id, deferrable=False, **kwargs
+def lag_sensor(slot: PublishedSlot, **kwargs: object) -> PostgresCdcSlotLagSensor:
+    return PostgresCdcSlotLagSensor(
+        task_id="lag", slot_name=slot.slot, postgres_conn_id=slot.conn_id, deferrable=False, **kwargs
     )
 
 
@@ -111,16 +111,16 @@ def test_invalidated_slot_fails_with_the_recovery_path(
     for sensor in (lag_sensor(tiny, min_lag_bytes=1), lag_sensor(tiny, min_lag_bytes=1, soft_fail=True)):
         with pytest.raises(SlotLostError, match="invalidated") as lost:
             sensor.execute({})  # type: ignore[arg-type]
-        assert "airflow dags trigger pglogical_recover_slot" in str(lost.value)
+        assert "airflow dags trigger postgres_cdc_recover_slot" in str(lost.value)
 
-    trigger = PgLogicalSlotLagTrigger(slot_name=tiny.slot, pglogical_conn_id=tiny.conn_id, min_lag_bytes=1)
+    trigger = PostgresCdcSlotLagTrigger(slot_name=tiny.slot, postgres_conn_id=tiny.conn_id, min_lag_bytes=1)
     events = trigger.run()
     payload = asyncio.run(anext(events)).payload  # type: ignore[arg-type]
     assert payload["outcome"] == "lost"
     assert PASSWORD not in json.dumps(payload)
-    with pytest.raises(SlotLostError, match="pglogical_recover_slot"):
+    with pytest.raises(SlotLostError, match="postgres_cdc_recover_slot"):
         lag_sensor(tiny, min_lag_bytes=1).execute_complete({}, payload)  # type: ignore[arg-type]
 
-    code, out = run_lag_command(capsys, "--conn-id", tiny.conn_id, "--slot", tiny.slot)
+    code, out = run_lag_command(capsys, "--postgres-conn-id", tiny.conn_id, "--slot-name", tiny.slot)
     assert code == 1
-    assert "LOST" in out and "pglogical_recover_slot" in out
+    assert "LOST" in out and "postgres_cdc_recover_slot" in out

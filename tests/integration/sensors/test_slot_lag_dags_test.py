@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pglogical.testing import AirflowSandbox
+from airflow_provider_postgres_cdc.testing import AirflowSandbox
 from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]
@@ -16,16 +16,16 @@ import datetime
 
 from airflow.sdk import DAG
 
-from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
+from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
 
 with DAG("pgl_slot_lag_deferrable", schedule=None, start_date=datetime.datetime(2024, 1, 1)):
-    PgLogicalSlotLagSensor(
+    PostgresCdcSlotLagSensor(
         task_id="wait_for_lag",
-        slot_name="{{ params.slot }}",
-        pglogical_conn_id="pgl_lag",
+        slot_name="{{ params.slot_name }}",
+        postgres_conn_id="pgl_lag",
         min_lag_bytes="{{ params.min_lag }}",
         publications=["lag_pub"],
-        params={"slot": "lag_slot", "min_lag": "256kB"},
+        params={"slot_name": "lag_slot", "min_lag": "256kB"},
         deferrable=True,
         poke_interval=0.5,
         timeout=120,

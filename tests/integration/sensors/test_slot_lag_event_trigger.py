@@ -1,4 +1,4 @@
-"""PgLogicalSlotLagEventTrigger.run() under asyncio against the real server: one event per position.
+"""PostgresCdcSlotLagEventTrigger.run() under asyncio against the real server: one event per position.
 
 The triggerer drives a watcher's ``run()`` the same way: it iterates the generator for as long as
 the watcher lives. Here the test is the triggerer, so it can see every event, every pause, and
@@ -14,8 +14,8 @@ import json
 import pytest
 from airflow.triggers.base import TriggerEvent
 
-from airflow_provider_pglogical.errors import SlotNotFoundError
-from airflow_provider_pglogical.triggers.slot_lag_event import PgLogicalSlotLagEventTrigger
+from airflow_provider_postgres_cdc.errors import SlotNotFoundError
+from airflow_provider_postgres_cdc.triggers.slot_lag_event import PostgresCdcSlotLagEventTrigger
 from tests.integration.sensors.slot_lag_support import PASSWORD, Heartbeat, PublishedSlot
 
 pytestmark = pytest.mark.integration
@@ -24,9 +24,9 @@ THRESHOLD = 256 * 1024
 
 
 def test_fires_once_per_confirmed_position_without_blocking_the_loop(published: PublishedSlot) -> None:
-    trigger = PgLogicalSlotLagEventTrigger(
+    trigger = PostgresCdcSlotLagEventTrigger(
         slot_name=published.slot,
-        pglogical_conn_id=published.conn_id,
+        postgres_conn_id=published.conn_id,
         publications=[published.publication],
         min_lag_bytes=THRESHOLD,
         max_lag_age=3600,
@@ -69,12 +69,12 @@ def test_fires_once_per_confirmed_position_without_blocking_the_loop(published: 
 
 
 def test_a_missing_slot_fails_the_watcher_with_the_recover_message(published: PublishedSlot) -> None:
-    trigger = PgLogicalSlotLagEventTrigger(
-        slot_name="gone_slot", pglogical_conn_id=published.conn_id, min_lag_bytes=1, poke_interval=0.5
+    trigger = PostgresCdcSlotLagEventTrigger(
+        slot_name="gone_slot", postgres_conn_id=published.conn_id, min_lag_bytes=1, poke_interval=0.5
     )
 
     async def first() -> TriggerEvent:
         return await anext(trigger.run())
 
-    with pytest.raises(SlotNotFoundError, match=r"'gone_slot' does not exist.*pglogical_recover_slot"):
+    with pytest.raises(SlotNotFoundError, match=r"'gone_slot' does not exist.*postgres_cdc_recover_slot"):
         asyncio.run(first())

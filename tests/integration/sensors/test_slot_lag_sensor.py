@@ -1,4 +1,4 @@
-"""PgLogicalSlotLagSensor against the throwaway cluster: bytes, time, modes, and a missing or busy slot."""
+"""PostgresCdcSlotLagSensor against the throwaway cluster: bytes, time, modes, and a missing or busy slot."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowRescheduleException, AirflowSensorTimeout, TaskDeferred
 
-from airflow_provider_pglogical.engine.health import LagThresholds, assess_slot, decide
-from airflow_provider_pglogical.errors import SlotNotFoundError
-from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
-from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+from airflow_provider_postgres_cdc.engine.health import LagThresholds, assess_slot, decide
+from airflow_provider_postgres_cdc.errors import SlotNotFoundError
+from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
+from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
+from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger
 from tests.integration.sensors.slot_lag_support import PASSWORD, PublishedSlot
 
 pytestmark = pytest.mark.integration
@@ -22,16 +22,16 @@ pytestmark = pytest.mark.integration
 THRESHOLD = 512 * 1024
 
 
-def sensor(published: PublishedSlot, **kwargs: Any) -> PgLogicalSlotLagSensor:
+def sensor(published: PublishedSlot, **kwargs: Any) -> PostgresCdcSlotLagSensor:
     kwargs.setdefault("task_id", "lag")
     kwargs.setdefault("poke_interval", 0.2)
     kwargs.setdefault("timeout", 60)
     kwargs.setdefault("deferrable", False)
-    return PgLogicalSlotLagSensor(slot_name=published.slot, pglogical_conn_id=published.conn_id, **kwargs)
+    return PostgresCdcSlotLagSensor(slot_name=published.slot, postgres_conn_id=published.conn_id, **kwargs)
 
 
 def test_lag_grows_with_writes_to_published_tables(published: PublishedSlot) -> None:
-    hook = PgLogicalHook(published.conn_id)
+    hook = PostgresCdcHook(published.conn_id)
     before = hook.slot_health(published.slot).lag_bytes
     assert before is not None
     lags = []
@@ -119,7 +119,7 @@ def test_time_based_lag_is_the_age_of_the_oldest_unconfirmed_commit(published: P
     conn.close()
     time.sleep(1.5)
     published.write(10)
-    hook = PgLogicalHook(published.conn_id)
+    hook = PostgresCdcHook(published.conn_id)
 
     health = hook.slot_health(published.slot, [published.publication])
     assert health.oldest_unconfirmed_commit is not None
@@ -147,7 +147,7 @@ def test_time_based_lag_is_the_age_of_the_oldest_unconfirmed_commit(published: P
 
 def test_age_of_an_active_slot_is_reported_unknown_not_guessed(published: PublishedSlot) -> None:
     published.write(10)
-    hook = PgLogicalHook(published.conn_id)
+    hook = PostgresCdcHook(published.conn_id)
     before = hook.slot_health(published.slot, [published.publication])
     assert before.oldest_unconfirmed_commit is not None
     consumer = hook.get_replication_conn()
@@ -179,8 +179,8 @@ def test_age_of_an_active_slot_is_reported_unknown_not_guessed(published: Publis
 
 
 def test_missing_slot_fails_and_names_the_existing_ones(published: PublishedSlot) -> None:
-    missing = PgLogicalSlotLagSensor(
-        task_id="lag", slot_name="no_such_slot", pglogical_conn_id=published.conn_id, min_lag_bytes=1
+    missing = PostgresCdcSlotLagSensor(
+        task_id="lag", slot_name="no_such_slot", postgres_conn_id=published.conn_id, min_lag_bytes=1
     )
     with pytest.raises(
         SlotNotFoundError,
@@ -194,12 +194,12 @@ def test_deferrable_sensor_defers_with_credential_free_trigger(published: Publis
     with pytest.raises(TaskDeferred) as deferred:
         deferring.execute({})  # type: ignore[arg-type]
     trigger = deferred.value.trigger
-    assert isinstance(trigger, PgLogicalSlotLagTrigger)
+    assert isinstance(trigger, PostgresCdcSlotLagTrigger)
     assert deferred.value.method_name == "execute_complete"
     assert deferred.value.timeout == timedelta(seconds=120)
     _, kwargs = trigger.serialize()
     assert kwargs["min_lag_bytes"] == 10 * 1024**3
-    assert kwargs["pglogical_conn_id"] == published.conn_id
+    assert kwargs["postgres_conn_id"] == published.conn_id
     assert PASSWORD not in repr(kwargs)
 
 

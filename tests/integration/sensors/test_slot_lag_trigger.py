@@ -1,4 +1,4 @@
-"""PgLogicalSlotLagTrigger.run() under asyncio against the real server: fires, never blocks, reruns."""
+"""PostgresCdcSlotLagTrigger.run() under asyncio against the real server: fires, never blocks, reruns."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 from airflow.triggers.base import TriggerEvent
 
-from airflow_provider_pglogical.engine.health import assess_slot_async
-from airflow_provider_pglogical.engine.health.drivers import connect_async, wait_async
-from airflow_provider_pglogical.errors import SlotNotFoundError
-from airflow_provider_pglogical.hooks.pglogical import PgLogicalHook
-from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
-from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+from airflow_provider_postgres_cdc.engine.health import assess_slot_async
+from airflow_provider_postgres_cdc.engine.health.drivers import connect_async, wait_async
+from airflow_provider_postgres_cdc.errors import SlotNotFoundError
+from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
+from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
+from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger
 from tests.integration.sensors.slot_lag_support import PASSWORD, Heartbeat, PublishedSlot
 
 pytestmark = pytest.mark.integration
 
 
-async def first_event(trigger: PgLogicalSlotLagTrigger, timeout: float = 60) -> TriggerEvent:
+async def first_event(trigger: PostgresCdcSlotLagTrigger, timeout: float = 60) -> TriggerEvent:
     events: AsyncIterator[TriggerEvent] = trigger.run()
     event = await asyncio.wait_for(anext(events), timeout)
     # One event, then the generator ends.
@@ -31,9 +31,9 @@ async def first_event(trigger: PgLogicalSlotLagTrigger, timeout: float = 60) -> 
     return event
 
 
-def lag_trigger(published: PublishedSlot, **kwargs: Any) -> PgLogicalSlotLagTrigger:
+def lag_trigger(published: PublishedSlot, **kwargs: Any) -> PostgresCdcSlotLagTrigger:
     kwargs.setdefault("poke_interval", 0.2)
-    return PgLogicalSlotLagTrigger(slot_name=published.slot, pglogical_conn_id=published.conn_id, **kwargs)
+    return PostgresCdcSlotLagTrigger(slot_name=published.slot, postgres_conn_id=published.conn_id, **kwargs)
 
 
 def test_trigger_fires_at_the_threshold_without_blocking_the_loop(published: PublishedSlot) -> None:
@@ -62,7 +62,7 @@ def test_trigger_fires_at_the_threshold_without_blocking_the_loop(published: Pub
     # Run again, the same instance and one rebuilt from its serialized form (a triggerer restart).
     assert asyncio.run(first_event(trigger)).payload["outcome"] == "met"
     _, kwargs = trigger.serialize()
-    rebuilt = PgLogicalSlotLagTrigger(**kwargs)
+    rebuilt = PostgresCdcSlotLagTrigger(**kwargs)
     assert asyncio.run(first_event(rebuilt)).payload["outcome"] == "met"
 
 
@@ -91,7 +91,7 @@ def test_async_queries_wait_on_the_loop_not_in_it(published: PublishedSlot) -> N
     """A 0.5 s server-side sleep must leave the loop free for the whole half second."""
 
     async def scenario() -> float:
-        params = PgLogicalHook(published.conn_id).connection_params()
+        params = PostgresCdcHook(published.conn_id).connection_params()
         conn = await connect_async(params, 10)
         try:
             with Heartbeat() as heartbeat:
@@ -110,7 +110,7 @@ def test_async_queries_wait_on_the_loop_not_in_it(published: PublishedSlot) -> N
 
 def test_async_assessment_matches_the_sync_one(published: PublishedSlot) -> None:
     published.write(50)
-    hook = PgLogicalHook(published.conn_id)
+    hook = PostgresCdcHook(published.conn_id)
     sync = hook.slot_health(published.slot, [published.publication])
     params = asyncio.run(hook.aconnection_params())
     assert params == hook.connection_params()
@@ -121,13 +121,13 @@ def test_async_assessment_matches_the_sync_one(published: PublishedSlot) -> None
 
 
 def test_trigger_reports_a_missing_slot_and_the_sensor_raises_it(published: PublishedSlot) -> None:
-    trigger = PgLogicalSlotLagTrigger(
-        slot_name="gone_slot", pglogical_conn_id=published.conn_id, min_lag_bytes=1
+    trigger = PostgresCdcSlotLagTrigger(
+        slot_name="gone_slot", postgres_conn_id=published.conn_id, min_lag_bytes=1
     )
     event = asyncio.run(first_event(trigger))
     assert event.payload["outcome"] == "slot_missing"
-    sensor = PgLogicalSlotLagSensor(
-        task_id="lag", slot_name="gone_slot", pglogical_conn_id=published.conn_id, min_lag_bytes=1
+    sensor = PostgresCdcSlotLagSensor(
+        task_id="lag", slot_name="gone_slot", postgres_conn_id=published.conn_id, min_lag_bytes=1
     )
     with pytest.raises(SlotNotFoundError, match="gone_slot"):
         sensor.execute_complete({}, event.payload)  # type: ignore[arg-type]
@@ -137,7 +137,9 @@ def test_trigger_reports_an_unreachable_server_without_the_password(
     published: PublishedSlot, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_PGL_DOWN", f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/nowhere")
-    trigger = PgLogicalSlotLagTrigger(slot_name=published.slot, pglogical_conn_id="pgl_down", min_lag_bytes=1)
+    trigger = PostgresCdcSlotLagTrigger(
+        slot_name=published.slot, postgres_conn_id="pgl_down", min_lag_bytes=1
+    )
     payload = asyncio.run(first_event(trigger)).payload
     assert payload["outcome"] == "error"
     assert "OperationalError" in payload["message"]
@@ -170,6 +172,6 @@ def test_async_connect_resolves_a_host_name_on_the_loop(
 ) -> None:
     uri = f"postgresql://postgres:{PASSWORD}@localhost:{published.cluster.port}/{published.dbname}"
     monkeypatch.setenv("AIRFLOW_CONN_PGL_BY_NAME", uri)
-    params = PgLogicalHook("pgl_by_name").connection_params()
+    params = PostgresCdcHook("pgl_by_name").connection_params()
     health = asyncio.run(assess_slot_async(params, published.slot))
     assert health.slot_name == published.slot

@@ -9,9 +9,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest
-from airflow_provider_pglogical.testing import PostgresCluster
-from airflow_provider_pglogical.values.arrow_types import text_to_arrow
+from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
+from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.values.arrow_types import text_to_arrow
 
 
 def staged_table(manifest_path: str, entry: TableManifest) -> pa.Table:

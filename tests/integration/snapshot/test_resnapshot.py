@@ -15,22 +15,22 @@ import psycopg2
 import psycopg2.extensions
 import pytest
 
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.errors import (
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.errors import (
     PublicationAllTablesError,
     ReplicaIdentityFilterError,
     SlotExistsError,
     SlotNotFoundError,
 )
-from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.replication import (
+from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+from airflow_provider_postgres_cdc.replication import (
     TableSpec,
     advance_slot,
     connect,
     describe_slot,
     publish_tables,
 )
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.snapshot.snapshot_helpers import staged_table
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,7 @@ def test_resnapshot_leaves_the_pipeline_slot_alone_and_shows_its_own_point(
 def test_resnapshot_needs_a_live_pipeline_slot(
     pg_cluster: PostgresCluster, pg_dbname: str, pipeline: dict[str, Any]
 ) -> None:
-    with pytest.raises(SlotNotFoundError, match="pglogical_recover_slot"):
+    with pytest.raises(SlotNotFoundError, match="postgres_cdc_recover_slot"):
         take_snapshot(pipeline["dsn"], "no_such_slot", ["pub"], pipeline["staging"], slot_mode="temporary")
 
 
@@ -104,9 +104,9 @@ def test_snapshot_operator_rerun_resumes_then_skips(
     conn_id = f"pgl_{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", pg_cluster.uri(pg_dbname))
-        operator = PgLogicalSnapshotOperator(
+        operator = PostgresCdcSnapshotOperator(
             task_id="snapshot", slot_name=SLOT, publications="pub", staging=pipeline["staging"],
-            pglogical_conn_id=conn_id,
+            postgres_conn_id=conn_id,
         )  # fmt: skip
         # The slot exists and has not moved: the staged initial snapshot is handed over again.
         again = operator.execute({})  # type: ignore[arg-type]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.engine.snapshot import SnapshotProgress, take_snapshot
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.snapshot import SnapshotProgress, take_snapshot
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.snapshot.snapshot_helpers import (
     load_manifest,
     peek_inserts,
@@ -172,7 +172,7 @@ def test_large_table_in_ranges_and_bounded_files_copies_every_row_once(
     )
     pg_cluster.execute("VACUUM big", db)
     progress: list[SnapshotProgress] = []
-    caplog.set_level(logging.INFO, logger="airflow_provider_pglogical.engine.snapshot")
+    caplog.set_level(logging.INFO, logger="airflow_provider_postgres_cdc.engine.snapshot")
     path, manifest = take_snapshot(
         pg_cluster.dsn(db), "big", ["p"], str(tmp_path),
         parallelism=3, min_range_bytes=64 * 1024, max_file_bytes=200_000, batch_bytes=256 * 1024,

@@ -7,21 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.engine.snapshot import (
+from airflow_provider_postgres_cdc.engine.snapshot import (
     RowSecurityError,
     SnapshotLostError,
     SnapshotProgress,
     TableDroppedError,
     take_snapshot,
 )
-from airflow_provider_pglogical.errors import (
+from airflow_provider_postgres_cdc.errors import (
     PrivilegeError,
     PublicationEmptyError,
     PublicationNotFoundError,
     SlotExistsError,
     TableNotPublishedError,
 )
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration
 

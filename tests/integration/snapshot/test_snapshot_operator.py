@@ -1,4 +1,4 @@
-"""PgLogicalSnapshotOperator with both copy engines: same manifest, same staged data."""
+"""PostgresCdcSnapshotOperator with both copy engines: same manifest, same staged data."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from airflow_provider_pglogical.formats.manifest import is_sibling
-from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.formats.manifest import is_sibling
+from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.snapshot.snapshot_helpers import load_manifest, sorted_rows, staged_table
 
 pytestmark = pytest.mark.integration
@@ -48,20 +48,20 @@ def source(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.Monk
         pg_dbname,
     )
     pg_cluster.execute(f"ALTER ROLE postgres PASSWORD '{PASSWORD}'")
-    uri = f"pglogical://postgres:{PASSWORD}@127.0.0.1:{pg_cluster.port}/{pg_dbname}"
+    uri = f"postgres-cdc://postgres:{PASSWORD}@127.0.0.1:{pg_cluster.port}/{pg_dbname}"
     monkeypatch.setenv("AIRFLOW_CONN_PGL_SNAPSHOT", uri)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", "spark://local%5B2%5D")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     return "pgl_snapshot"
 
 
-def _operator(conn_id: str, slot: str, staging: Path, **kwargs: object) -> PgLogicalSnapshotOperator:
-    return PgLogicalSnapshotOperator(
+def _operator(conn_id: str, slot: str, staging: Path, **kwargs: object) -> PostgresCdcSnapshotOperator:
+    return PostgresCdcSnapshotOperator(
         task_id=f"snapshot_{slot}",
         slot_name=slot,
         publications="pub",
         staging=str(staging),
-        pglogical_conn_id=conn_id,
+        postgres_conn_id=conn_id,
         spark_conn_id="spark_local",
         spark_conf={"spark.ui.enabled": "false", "spark.driver.memory": "1g"},
         **kwargs,  # type: ignore[arg-type]

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.engine.snapshot import SnapshotRun, jdbc_connection
-from airflow_provider_pglogical.errors import SparkEngineUnsupportedError
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.snapshot import SnapshotRun, jdbc_connection
+from airflow_provider_postgres_cdc.errors import SparkEngineUnsupportedError
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration
 

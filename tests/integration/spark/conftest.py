@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.spark.session import register_lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.spark.session import register_lake
 
 
 @pytest.fixture

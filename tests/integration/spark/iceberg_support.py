@@ -14,9 +14,9 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import BooleanType
 
-from airflow_provider_pglogical.formats.lake import LakeConfig, TableState, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.spark.iceberg import IcebergTables
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState, tag_name
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
 from tests.integration.spark.spark_staging import TableDef
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import psycopg2
 from psycopg2 import sql
 
-from airflow_provider_pglogical.engine.lake_catalog import read_table
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.manifest import sibling_name
+from airflow_provider_postgres_cdc.engine.lake_catalog import read_table
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.manifest import sibling_name
 
 
 @dataclass

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical import errors
-from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.spark import APPLY_JOB_PATH, iceberg, job_py_files, local_jars
-from airflow_provider_pglogical.spark import apply_batch as job
+from airflow_provider_postgres_cdc import errors
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, tag_name
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, iceberg, job_py_files, local_jars
+from airflow_provider_postgres_cdc.spark import apply_batch as job
 from tests.integration.spark.iceberg_support import LakeReader
 from tests.integration.spark.spark_staging import (
     ORDERS,

@@ -11,10 +11,10 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.formats.lake import LakeConfig, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.spark import apply_batch, maintain_lake
-from airflow_provider_pglogical.spark.iceberg import IcebergTables
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, tag_name
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.spark import apply_batch, maintain_lake
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
 from tests.integration.spark.iceberg_support import LakeReader
 from tests.integration.spark.spark_staging import (
     ORDERS,
@@ -127,5 +127,5 @@ def test_maintenance_keeps_rows_cuts_and_state(
 
 
 def test_unknown_catalog_exits_2(spark: SparkSession, capsys: Any) -> None:
-    assert maintain_lake.main(["--catalog", "no_such_lake", "--slot", "slot1"]) == 2
+    assert maintain_lake.main(["--catalog", "no_such_lake", "--slot-name", "slot1"]) == 2
     assert "Spark has no catalog 'no_such_lake'" in capsys.readouterr().err

@@ -17,16 +17,16 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.errors import ApplyError
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication import advance_slot, connect
-from airflow_provider_pglogical.spark import apply_batch as job
-from airflow_provider_pglogical.spark import iceberg
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.errors import ApplyError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication import advance_slot, connect
+from airflow_provider_postgres_cdc.spark import apply_batch as job
+from airflow_provider_postgres_cdc.spark import iceberg
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.spark.iceberg_support import LakeReader
 from tests.integration.spark.spark_staging import (
     Change,

@@ -20,12 +20,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical import errors
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake, tag_name
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.spark import apply_batch as job
-from airflow_provider_pglogical.spark import iceberg
-from airflow_provider_pglogical.spark.session import register_lake
+from airflow_provider_postgres_cdc import errors
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake, tag_name
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.spark import apply_batch as job
+from airflow_provider_postgres_cdc.spark import iceberg
+from airflow_provider_postgres_cdc.spark.session import register_lake
 from tests.integration.spark.iceberg_support import LakeReader, competing_writer
 from tests.integration.spark.spark_staging import (
     ORDERS,

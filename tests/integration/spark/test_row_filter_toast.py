@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import read_table
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.errors import ResnapshotNeededError
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import read_table
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.errors import ResnapshotNeededError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -44,7 +44,9 @@ def test_an_update_entering_a_row_filter_stops_for_a_resnapshot_instead_of_losin
     apply_manifest(spark, path, lake_config)
     pg_cluster.execute("UPDATE t SET id = 4, v = 1 WHERE id = 3", pg_dbname)  # enters the filter
     batch = drain_batch(dsn, DrainSettings("s", ("pub",), staging))
-    with pytest.raises(ResnapshotNeededError, match=r"row filter.*id=4.*\(big\).*pglogical_backfill_tables"):
+    with pytest.raises(
+        ResnapshotNeededError, match=r"row filter.*id=4.*\(big\).*postgres_cdc_backfill_tables"
+    ):
         apply_manifest(spark, batch.manifest_uri, lake_config)
     assert lake_rows(lake_config) == []  # nothing of the batch reached the table
     # What the backfill DAG does: the table re-snapshotted from a temporary slot and loaded; then

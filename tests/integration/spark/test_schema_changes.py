@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import unapplied_tables
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.engine.staging import read_manifest
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.errors import ResnapshotNeededError
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.manifest import Manifest
-from airflow_provider_pglogical.replication import advance_slot, connect
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import unapplied_tables
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.staging import read_manifest
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.errors import ResnapshotNeededError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.replication import advance_slot, connect
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 SLOT = "schema_cdc"
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -227,7 +227,7 @@ def test_changes_the_stream_cannot_show_stop_until_the_table_is_resnapshotted(
     message = str(failure.value)
     assert "public.r" in message and change in message
     assert (
-        'airflow dags trigger pglogical_backfill_tables --conf \'{"slot": "schema_cdc", "staging": '
+        'airflow dags trigger postgres_cdc_backfill_tables --conf \'{"slot_name": "schema_cdc", "staging": '
         in message
     )
     assert '"tables": ["public.r"]}' in message

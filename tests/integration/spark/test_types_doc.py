@@ -4,7 +4,7 @@ One table on the real server has a column per type (the built-ins, an enum, a do
 composite, a range and arrays) with sample values, edge cases included. Its rows go through the
 local snapshot engine and one CDC batch into the lake (one Spark session); the matrix records,
 per type, the staged Arrow type, the Iceberg type, what Spark and pyiceberg read, and whether
-every value came back as PostgreSQL prints it (pg_text.py). ``PGLOGICAL_WRITE_TYPES_DOC=1``
+every value came back as PostgreSQL prints it (pg_text.py). ``POSTGRES_CDC_WRITE_TYPES_DOC=1``
 rewrites the generated part of docs/TYPES.md; otherwise the committed file must match.
 """
 
@@ -18,13 +18,13 @@ import pytest
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import load_table, open_catalog, read_table
-from airflow_provider_pglogical.engine.snapshot import take_snapshot
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.manifest import sibling_name
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import load_table, open_catalog, read_table
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.manifest import sibling_name
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.spark.pg_text import lake_vs_postgres
 from tests.pg_majors import XML_MISSING
 
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "TYPES.md"
 BEGIN, END = "<!-- BEGIN GENERATED: tests/integration/spark/test_types_doc.py -->", "<!-- END GENERATED -->"
-WRITE_ENV = "PGLOGICAL_WRITE_TYPES_DOC"
+WRITE_ENV = "POSTGRES_CDC_WRITE_TYPES_DOC"
 
 USER_TYPES = """
 CREATE TYPE mood AS ENUM ('sad', 'happy');

@@ -18,15 +18,15 @@ import pytest
 from psycopg2 import sql
 from pyspark.sql import SparkSession
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.lake_catalog import read_table
-from airflow_provider_pglogical.engine.snapshot import SnapshotRun, jdbc_connection, take_snapshot
-from airflow_provider_pglogical.engine.verify import compare_tables, format_report
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.manifest import sibling_name
-from airflow_provider_pglogical.spark import snapshot_jdbc
-from airflow_provider_pglogical.spark.apply_batch import apply_manifest
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.lake_catalog import read_table
+from airflow_provider_postgres_cdc.engine.snapshot import SnapshotRun, jdbc_connection, take_snapshot
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.manifest import sibling_name
+from airflow_provider_postgres_cdc.spark import snapshot_jdbc
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.spark.pg_text import lake_vs_postgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

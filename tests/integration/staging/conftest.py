@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_pglogical.testing import S3Server
+from airflow_provider_postgres_cdc.testing import S3Server
 
 
 @pytest.fixture(scope="session")

@@ -16,16 +16,16 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.engine.drain import DrainSettings, drain_batch
-from airflow_provider_pglogical.engine.retention import prune_staging
-from airflow_provider_pglogical.engine.staging import read_manifest
-from airflow_provider_pglogical.errors import StagingAccessError
-from airflow_provider_pglogical.hooks.staging import PgLogicalStagingHook
-from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
-from airflow_provider_pglogical.operators.maintenance import PgLogicalStagingRetentionOperator
-from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.replication import connect, describe_slot
-from airflow_provider_pglogical.testing import PostgresCluster, S3Server
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+from airflow_provider_postgres_cdc.engine.retention import prune_staging
+from airflow_provider_postgres_cdc.engine.staging import read_manifest
+from airflow_provider_postgres_cdc.errors import StagingAccessError
+from airflow_provider_postgres_cdc.hooks.staging import PostgresCdcStagingHook
+from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperator
+from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcStagingRetentionOperator
+from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+from airflow_provider_postgres_cdc.replication import connect, describe_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster, S3Server
 
 SLOT = "s3_cdc"
 
@@ -60,14 +60,14 @@ def test_pipeline_steps_stage_on_s3_and_keep_the_secret(
 ) -> None:
     staging = connections
     caplog.set_level(logging.DEBUG)
-    options = PgLogicalStagingHook("s3_store").get_conn()
+    options = PostgresCdcStagingHook("s3_store").get_conn()
     assert options.endpoint_url == s3_server.endpoint_url and options.access_key == s3_server.access_key
     assert s3_server.secret_key not in repr(options)
 
     # The local snapshot engine writes its part files and manifest to the store.
-    snapshot = PgLogicalSnapshotOperator(
+    snapshot = PostgresCdcSnapshotOperator(
         task_id="snapshot", slot_name=SLOT, publications="pub", staging=staging,
-        pglogical_conn_id="s3_src", staging_conn_id="s3_store",
+        postgres_conn_id="s3_src", staging_conn_id="s3_store",
     ).execute({})  # type: ignore[arg-type]  # fmt: skip
     assert snapshot["manifest"].startswith(staging + "/") and snapshot["rows"] == 500
     manifest = read_manifest(snapshot["manifest"], options)  # what the ack and the apply read first
@@ -75,9 +75,9 @@ def test_pipeline_steps_stage_on_s3_and_keep_the_secret(
 
     # Changes, drained by the operator onto the store.
     pg_cluster.execute("UPDATE t SET v = 'changed' WHERE id <= 10; DELETE FROM t WHERE id > 490", pg_dbname)
-    drained = PgLogicalDrainOperator(
+    drained = PostgresCdcDrainOperator(
         task_id="drain", slot_name=SLOT, publications="pub", staging=staging,
-        pglogical_conn_id="s3_src", staging_conn_id="s3_store",
+        postgres_conn_id="s3_src", staging_conn_id="s3_store",
     ).execute({})  # type: ignore[arg-type]  # fmt: skip
     batch = read_manifest(drained["manifest"], options)
     assert [t.rows for t in batch.tables] == [20]
@@ -95,9 +95,9 @@ def test_pipeline_steps_stage_on_s3_and_keep_the_secret(
     conn = connect(pg_cluster.dsn(pg_dbname))
     conn.cursor().execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (SLOT, str(batch.end_lsn)))
     conn.close()
-    deleted = PgLogicalStagingRetentionOperator(
+    deleted = PostgresCdcStagingRetentionOperator(
         task_id="retention", slot_name=SLOT, staging=staging, retention_hours=0,
-        pglogical_conn_id="s3_src", staging_conn_id="s3_store",
+        postgres_conn_id="s3_src", staging_conn_id="s3_store",
     ).execute({})  # type: ignore[arg-type]  # fmt: skip
     assert deleted["deleted"] == 1
     left = _objects(s3_server, f"{staging.removeprefix('s3://')}/{SLOT}")
@@ -117,27 +117,27 @@ def test_wrong_key_or_missing_bucket_moves_nothing(
 ) -> None:
     staging = connections
     dsn = pg_cluster.dsn(pg_dbname)
-    snapshot = PgLogicalSnapshotOperator(
+    snapshot = PostgresCdcSnapshotOperator(
         task_id="snapshot", slot_name=SLOT, publications="pub", staging=staging,
-        pglogical_conn_id="s3_src", staging_conn_id="s3_bad_key",
+        postgres_conn_id="s3_src", staging_conn_id="s3_bad_key",
     )  # fmt: skip
     with pytest.raises(StagingAccessError, match="refused access to bucket 'staging'") as refused:
         snapshot.execute({})  # type: ignore[arg-type]
     assert "not-the-secret" not in str(refused.value) and s3_server.access_key in str(refused.value)
     assert pg_cluster.execute("SELECT count(*) FROM pg_replication_slots") == [(0,)]  # no slot created
 
-    options = PgLogicalStagingHook("s3_store").get_conn()
-    PgLogicalSnapshotOperator(
+    options = PostgresCdcStagingHook("s3_store").get_conn()
+    PostgresCdcSnapshotOperator(
         task_id="snapshot", slot_name=SLOT, publications="pub", staging=staging,
-        pglogical_conn_id="s3_src", staging_conn_id="s3_store",
+        postgres_conn_id="s3_src", staging_conn_id="s3_store",
     ).execute({})  # type: ignore[arg-type]  # fmt: skip
     pg_cluster.execute("INSERT INTO t VALUES (1000, 'new')", pg_dbname)
     conn = connect(dsn)
     before = describe_slot(conn, SLOT)
     objects = _objects(s3_server, "staging")
-    drain = PgLogicalDrainOperator(
+    drain = PostgresCdcDrainOperator(
         task_id="drain", slot_name=SLOT, publications="pub", staging=staging,
-        pglogical_conn_id="s3_src", staging_conn_id="s3_bad_key",
+        postgres_conn_id="s3_src", staging_conn_id="s3_bad_key",
     )  # fmt: skip
     with pytest.raises(StagingAccessError, match="access key id and secret"):
         drain.execute({})  # type: ignore[arg-type]

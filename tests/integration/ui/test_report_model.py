@@ -20,14 +20,14 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog
 
-from airflow_provider_pglogical.cli import main
-from airflow_provider_pglogical.engine.lake_catalog import pyiceberg_properties
-from airflow_provider_pglogical.engine.report import AckPoint, collect_report, render_html
-from airflow_provider_pglogical.formats import lake as lk
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication import connect, create_slot
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.cli import main
+from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties
+from airflow_provider_postgres_cdc.engine.report import AckPoint, collect_report, render_html
+from airflow_provider_postgres_cdc.formats import lake as lk
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication import connect, create_slot
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 SLOT = "report_slot"
 SNAP_END, B1_END = Lsn(0x1000), Lsn(0x2000)
@@ -167,7 +167,9 @@ def test_cli_writes_one_self_contained_page(pipeline: tuple[str, LakeConfig], tm
     dsn, config = pipeline
     add_empty_table(config)
     out = tmp_path / "report.html"
-    code = main(["report", "--dsn", dsn, "--slot", SLOT, "--lake-json", config.to_json(), "--html", str(out)])
+    code = main(
+        ["report", "--dsn", dsn, "--slot-name", SLOT, "--lake-json", config.to_json(), "--html", str(out)]
+    )
     printed = capsys.readouterr().out
     assert code == 1  # public.empty has no commit yet: said, and the exit status says so too
     assert "no commits yet" in printed and str(out) in printed and str(B1_END) in printed

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.formats.manifest import sibling_name
-from airflow_provider_pglogical.pgoutput import BatchDecoder
-from airflow_provider_pglogical.testing import PostgresCluster
+from airflow_provider_postgres_cdc.formats.manifest import sibling_name
+from airflow_provider_postgres_cdc.pgoutput import BatchDecoder
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration
 

@@ -7,18 +7,18 @@ from datetime import UTC, datetime
 
 import pytest
 
-from airflow_provider_pglogical.engine.lake_catalog import Cut
-from airflow_provider_pglogical.engine.lake_events import (
+from airflow_provider_postgres_cdc.engine.lake_catalog import Cut
+from airflow_provider_postgres_cdc.engine.lake_events import (
     TableWrite,
     cut_event_extra,
     cut_from_event,
     latency_seconds,
     table_event_extra,
 )
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.layout import change_batch_id
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import Manifest, ManifestStats
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.layout import change_batch_id
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import Manifest, ManifestStats
 
 START, END = Lsn.parse("0/16B3748"), Lsn.parse("0/16B9000")
 MANIFEST = Manifest(
@@ -57,7 +57,7 @@ def test_a_cut_event_round_trips_to_the_cut_it_names() -> None:
 
 @pytest.mark.parametrize("extra", [{}, {"tables": {"a.b": 1}}, {"tables": [], "lsn": "0/1", "tag": "t"}])
 def test_not_a_cut_event_says_so(extra: dict[str, object]) -> None:
-    with pytest.raises(ValueError, match="not a pglogical cut event"):
+    with pytest.raises(ValueError, match="not a postgres-cdc cut event"):
         cut_from_event(extra)
 
 

@@ -10,16 +10,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from airflow_provider_pglogical.engine.report import (
+from airflow_provider_postgres_cdc.engine.report import (
     AckPoint,
     BatchRow,
     LakeTableRow,
     PipelineReport,
     render_html,
 )
-from airflow_provider_pglogical.engine.report.collect import _with_acks, _within, live_rows
-from airflow_provider_pglogical.errors import LakeConfigError
-from airflow_provider_pglogical.plugins.pipelines import parse_pipelines
+from airflow_provider_postgres_cdc.engine.report.collect import _with_acks, _within, live_rows
+from airflow_provider_postgres_cdc.errors import LakeConfigError
+from airflow_provider_postgres_cdc.plugins.pipelines import parse_pipelines
 
 NOW = datetime(2026, 11, 27, 6, 0, tzinfo=UTC)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_pglogical.engine.retention import prune_staging
-from airflow_provider_pglogical.engine.staging import StagingLocation
-from airflow_provider_pglogical.formats.layout import change_batch_id, snapshot_batch_id
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, TableManifest
+from airflow_provider_postgres_cdc.engine.retention import prune_staging
+from airflow_provider_postgres_cdc.engine.staging import StagingLocation
+from airflow_provider_postgres_cdc.formats.layout import change_batch_id, snapshot_batch_id
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, Manifest, TableManifest
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 OLD = (NOW - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

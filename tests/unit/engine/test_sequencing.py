@@ -10,10 +10,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.engine.sequencing import MemoryBudget, Piece, Sequencer
-from airflow_provider_pglogical.errors import SequencingError
-from airflow_provider_pglogical.pgoutput import BatchDecoder
-from airflow_provider_pglogical.replication.raw_messages import RawMessages
+from airflow_provider_postgres_cdc.engine.sequencing import MemoryBudget, Piece, Sequencer
+from airflow_provider_postgres_cdc.errors import SequencingError
+from airflow_provider_postgres_cdc.pgoutput import BatchDecoder
+from airflow_provider_postgres_cdc.replication.raw_messages import RawMessages
 
 from ..conftest import Capture
 

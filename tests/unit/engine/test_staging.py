@@ -9,9 +9,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_pglogical.engine.staging import PartFileWriter, StagingLocation
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.engine.staging import PartFileWriter, StagingLocation
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
 
 
 def test_local_paths_and_file_uris_resolve_to_the_same_place(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pyarrow as pa
 
-from airflow_provider_pglogical.engine.verify import multiset_difference, with_siblings
+from airflow_provider_postgres_cdc.engine.verify import multiset_difference, with_siblings
 
 
 def _differences(source: pa.Table, lake: pa.Table) -> tuple[int, int]:

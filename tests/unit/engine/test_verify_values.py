@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from airflow_provider_pglogical.engine.verify import multiset_difference
+from airflow_provider_postgres_cdc.engine.verify import multiset_difference
 
 
 def test_negative_zero_differs_from_zero_in_scalars_and_arrays() -> None:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_pglogical.formats import assets
-from airflow_provider_pglogical.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats import assets
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 
 HOSTILE = ["orders", "my table", "a.b", "50%", "x/y", "Ünïcödé", "日本", "a%2Eb", "?#&=", "self", " "]
 names = st.text(min_size=1, max_size=20)
@@ -19,7 +19,7 @@ def test_table_uri_shape() -> None:
     ref = assets.LakeTableRef("lake", "public", "orders")
     assert ref.uri == "iceberg://lake/public/orders"
     assert assets.parse_asset_uri(ref.uri) == ref
-    assert assets.CutRef("lake", "shop_cdc").uri == "pglogical://lake/shop_cdc"
+    assert assets.CutRef("lake", "shop_cdc").uri == "postgres-cdc://lake/shop_cdc"
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -67,8 +67,8 @@ def test_equivalent_spellings_normalize_to_one_uri() -> None:
         "iceberg:///public/orders",
         "iceberg://lake/public/orders?x=1",
         "iceberg://user@lake/public/orders",
-        "pglogical://lake",
-        "pglogical://lake/a/b",
+        "postgres-cdc://lake",
+        "postgres-cdc://lake/a/b",
         "s3://bucket/key",
     ],
 )

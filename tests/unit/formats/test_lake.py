@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from airflow_provider_pglogical.engine.lake_catalog import pyiceberg_properties, sqlalchemy_url
-from airflow_provider_pglogical.errors import LakeCatalogError, LakeConfigError
-from airflow_provider_pglogical.formats import lake
-from airflow_provider_pglogical.formats.lake import LakeConfig, local_lake
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.hooks.lake import PgLogicalLakeHook, connection_json
+from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties, sqlalchemy_url
+from airflow_provider_postgres_cdc.errors import LakeCatalogError, LakeConfigError
+from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook, connection_json
 
 
 def pipeline(applied: str, base: str = "0/10", batch: str = "b") -> dict[str, str]:
@@ -107,9 +107,9 @@ def test_the_connection_password_becomes_the_catalog_secret(monkeypatch: pytest.
     config = LakeConfig("lake", {"type": "jdbc", "uri": "jdbc:postgresql://db/ice"})
     conn = json.loads(connection_json(config)) | {"login": "ice", "password": "s3cret"}
     monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn))
-    got = PgLogicalLakeHook("test_lake").get_conn()
+    got = PostgresCdcLakeHook("test_lake").get_conn()
     assert got.properties["jdbc.user"] == "ice" and got.properties["jdbc.password"] == "s3cret"
     conn["extra"]["properties"]["type"] = "glue"
     monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn))
     with pytest.raises(LakeConfigError, match="takes its credentials as properties"):
-        PgLogicalLakeHook("test_lake").get_conn()
+        PostgresCdcLakeHook("test_lake").get_conn()

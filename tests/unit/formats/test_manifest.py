@@ -9,15 +9,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_pglogical.errors import ManifestFormatError
-from airflow_provider_pglogical.formats.layout import (
+from airflow_provider_postgres_cdc.errors import ManifestFormatError
+from airflow_provider_postgres_cdc.formats.layout import (
     change_batch_id,
     parse_table_dir_name,
     snapshot_batch_id,
     table_dir_name,
 )
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, ManifestStats, TableManifest
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import (
+    ColumnManifest,
+    Manifest,
+    ManifestStats,
+    TableManifest,
+)
 
 
 def _table(**overrides: object) -> TableManifest:

@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import Manifest, TableManifest
-from airflow_provider_pglogical.formats.schema_changes import (
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
+from airflow_provider_postgres_cdc.formats.schema_changes import (
     CatalogFacts,
     ColumnFacts,
     Fill,
@@ -156,9 +156,9 @@ def test_columns_round_trip_through_the_summary_text() -> None:
 def test_backfill_command_is_a_shell_command_with_valid_json() -> None:
     command = backfill_command("shop_cdc", "/data/stag'ing", "public.it's")
     words = shlex.split(command.split(" (add")[0])
-    assert words[:5] == ["airflow", "dags", "trigger", "pglogical_backfill_tables", "--conf"]
+    assert words[:5] == ["airflow", "dags", "trigger", "postgres_cdc_backfill_tables", "--conf"]
     assert json.loads(words[5]) == {
-        "slot": "shop_cdc",
+        "slot_name": "shop_cdc",
         "staging": "/data/stag'ing",
         "tables": ["public.it's"],
     }

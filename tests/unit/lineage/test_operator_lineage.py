@@ -19,17 +19,17 @@ import pyarrow as pa
 import pytest
 from openlineage.client.serde import Serde
 
-from airflow_provider_pglogical.engine.lake_catalog import open_catalog
-from airflow_provider_pglogical.formats.lake import CHANGELOG_SUFFIX, OWNER_PROPERTY, local_lake
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, TableManifest
-from airflow_provider_pglogical.formats.schema_changes import CatalogFacts
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.lineage import datasets
-from airflow_provider_pglogical.lineage.facets import schema_of
-from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
-from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
-from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog
+from airflow_provider_postgres_cdc.formats.lake import CHANGELOG_SUFFIX, OWNER_PROPERTY, local_lake
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, Manifest, TableManifest
+from airflow_provider_postgres_cdc.formats.schema_changes import CatalogFacts
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.lineage import datasets
+from airflow_provider_postgres_cdc.lineage.facets import schema_of
+from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
+from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcLakeMaintenanceOperator
+from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 from tests.unit.test_layers import airflow_side_modules
 
 HOSTILE = TableManifest(
@@ -78,7 +78,7 @@ def test_apply_start_names_the_lake_tables_of_hostile_names_distinctly(
     lake_conn: str, tmp_path: Path
 ) -> None:
     path = write_manifest(tmp_path, (HOSTILE, PLAIN))
-    lineage = PgLogicalSparkApplyOperator(
+    lineage = PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=path, lake_conn_id=lake_conn
     ).get_openlineage_facets_on_start()
     assert lineage.inputs == []  # the source connection is rendered from the upstream task at COMPLETE
@@ -91,7 +91,7 @@ def test_apply_start_names_the_lake_tables_of_hostile_names_distinctly(
     first = lineage.outputs[0]
     assert [(f.name, f.type) for f in first.facets["schema"].fields] == [("id", "int32"), ("qty €", "int32")]
     assert "columnLineage" not in first.facets and not first.outputFacets  # no statistics before the run
-    batch = assert_valid(lineage.run_facets["pglogicalBatch"], "PgLogicalBatchRunFacet")
+    batch = assert_valid(lineage.run_facets["postgresCdcBatch"], "PostgresCdcBatchRunFacet")
     assert (batch["startLsn"], batch["endLsn"], batch["cutTag"]) == ("0/100", "0/2A0", "pgl_00000000000002A0")
     assert batch["rows"] == 5
 
@@ -101,7 +101,7 @@ def test_source_tables_carry_schema_row_filter_column_list_and_identity_lineage(
     source = datasets.input_dataset("postgres://db.example:5433", manifest, HOSTILE, ["pub"])
     assert (source.namespace, source.name) == ("postgres://db.example:5433", "shop.Sales.EU.v1.2 orders%ü")
     assert [(f.name, f.type) for f in source.facets["schema"].fields] == [("id", "int4"), ("qty €", "int4")]
-    publication = assert_valid(source.facets["pglogicalPublication"], "PgLogicalPublicationDatasetFacet")
+    publication = assert_valid(source.facets["postgresCdcPublication"], "PostgresCdcPublicationDatasetFacet")
     assert publication["rowFilter"] == "((id % 2) = 0)" and publication["columnList"] == ["id", "qty €"]
     assert publication["replicaIdentity"] == "d" and publication["keyColumns"] == ["id"]
     fields = [("id", "int"), ("qty €", "int"), ("qty €__pgl_text", "string"), ("_pgl_seq", "long")]
@@ -135,11 +135,11 @@ def test_a_re_snapshot_and_an_empty_batch_carry_no_cut_tag(tmp_path: Path) -> No
 
 def test_ack_reads_the_batch_tables_and_writes_the_cut(lake_conn: str, tmp_path: Path) -> None:
     path = write_manifest(tmp_path, (HOSTILE,))
-    ack = PgLogicalAckOperator(task_id="ack", slot_name="shop_cdc", manifest=path, lake_conn_id=lake_conn)
+    ack = PostgresCdcAckOperator(task_id="ack", slot_name="shop_cdc", manifest=path, lake_conn_id=lake_conn)
     lineage = ack.get_openlineage_facets_on_complete(None)
     assert names(lineage.inputs) == [("iceberg://lake", "Sales%2EEU.v1.2 orders%ü")]
-    assert names(lineage.outputs) == [("pglogical://lake", "shop_cdc")]
-    assert lineage.run_facets["pglogicalBatch"].endLsn == "0/2A0"
+    assert names(lineage.outputs) == [("postgres-cdc://lake", "shop_cdc")]
+    assert lineage.run_facets["postgresCdcBatch"].endLsn == "0/2A0"
 
 
 def test_maintenance_names_the_slots_tables_and_changelogs(lake_conn: str, tmp_path: Path) -> None:
@@ -152,7 +152,9 @@ def test_maintenance_names_the_slots_tables_and_changelogs(lake_conn: str, tmp_p
     catalog.create_table((namespace, "v1.2 orders%ü"), columns, properties={OWNER_PROPERTY: "shop_cdc"})
     catalog.create_table((namespace, "v1.2 orders%ü" + CHANGELOG_SUFFIX), columns)
     catalog.create_table((namespace, "other"), columns, properties={OWNER_PROPERTY: "another_slot"})
-    maintain = PgLogicalLakeMaintenanceOperator(task_id="maintain", slot="shop_cdc", lake_conn_id=lake_conn)
+    maintain = PostgresCdcLakeMaintenanceOperator(
+        task_id="maintain", slot_name="shop_cdc", lake_conn_id=lake_conn
+    )
     lineage = maintain.get_openlineage_facets_on_complete(None)
     expected = [
         ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü"),
@@ -168,7 +170,7 @@ def test_maintenance_names_the_slots_tables_and_changelogs(lake_conn: str, tmp_p
 def test_a_failing_lineage_method_logs_and_returns_none(
     lake_conn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    apply = PgLogicalSparkApplyOperator(
+    apply = PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=str(tmp_path / "gone.json"), lake_conn_id=lake_conn
     )
     with caplog.at_level(logging.WARNING):
@@ -191,18 +193,18 @@ sys.meta_path.insert(0, Block())
 manifest, modules = sys.argv[1], sys.argv[2:]
 for module in modules:
     importlib.import_module(module)
-from airflow_provider_pglogical.operators.ack import PgLogicalAckOperator
-from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
-from airflow_provider_pglogical.operators.drain import PgLogicalDrainOperator
-from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
-from airflow_provider_pglogical.operators.snapshot import PgLogicalSnapshotOperator
-from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
+from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
+from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcLakeMaintenanceOperator
+from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperator
+from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcLakeMaintenanceOperator
+from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 operators = [
-    PgLogicalSnapshotOperator(task_id="snapshot", slot_name="s", publications="p", staging="/tmp/x"),
-    PgLogicalDrainOperator(task_id="drain", slot_name="s", publications="p", staging="/tmp/x"),
-    PgLogicalSparkApplyOperator(task_id="apply", manifest=manifest),
-    PgLogicalAckOperator(task_id="ack", slot_name="s", manifest=manifest),
-    PgLogicalLakeMaintenanceOperator(task_id="maintain", slot="s"),
+    PostgresCdcSnapshotOperator(task_id="snapshot", slot_name="s", publications="p", staging="/tmp/x"),
+    PostgresCdcDrainOperator(task_id="drain", slot_name="s", publications="p", staging="/tmp/x"),
+    PostgresCdcSparkApplyOperator(task_id="apply", manifest=manifest),
+    PostgresCdcAckOperator(task_id="ack", slot_name="s", manifest=manifest),
+    PostgresCdcLakeMaintenanceOperator(task_id="maintain", slot_name="s"),
 ]
 results = [[op.get_openlineage_facets_on_start(), op.get_openlineage_facets_on_complete(None)]
            for op in operators]
@@ -213,8 +215,8 @@ print(json.dumps({"imported": len(modules), "results": results}))
 def test_without_the_openlineage_provider_everything_imports_and_lineage_is_none(tmp_path: Path) -> None:
     """The ``openlineage`` extra absent: every Airflow-side module imports, every method answers None."""
     spark_operators = [
-        "airflow_provider_pglogical.operators.spark_apply",
-        "airflow_provider_pglogical.operators.maintenance",
+        "airflow_provider_postgres_cdc.operators.spark_apply",
+        "airflow_provider_postgres_cdc.operators.maintenance",
     ]
     modules = [*airflow_side_modules(), *spark_operators]
     path = write_manifest(tmp_path, (HOSTILE,))
@@ -224,4 +226,4 @@ def test_without_the_openlineage_provider_everything_imports_and_lineage_is_none
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report == {"imported": len(modules), "results": [[None, None]] * 5}
-    assert "airflow_provider_pglogical.lineage.tasks" in modules
+    assert "airflow_provider_postgres_cdc.lineage.tasks" in modules

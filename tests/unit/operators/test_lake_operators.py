@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_pglogical.formats.lake import LakeConfig
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.formats.manifest import ColumnManifest, Manifest, TableManifest
-from airflow_provider_pglogical.hooks.lake import connection_json
-from airflow_provider_pglogical.operators.maintenance import PgLogicalLakeMaintenanceOperator
-from airflow_provider_pglogical.operators.spark_apply import PgLogicalSparkApplyOperator
-from airflow_provider_pglogical.spark import JARS_ENV
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, Manifest, TableManifest
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcLakeMaintenanceOperator
+from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+from airflow_provider_postgres_cdc.spark import JARS_ENV
 
 LAKE = LakeConfig("shop", {"type": "jdbc", "uri": "jdbc:postgresql://db/ice"}, "pg_")
 TABLE = TableManifest(
@@ -58,7 +58,7 @@ def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
     submitted: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     path = write_manifest(tmp_path, (TABLE,))
-    operator = PgLogicalSparkApplyOperator(
+    operator = PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=path, lake_conn_id="shop_lake", spark_conn_id="spark_local",
         conf={"spark.sql.catalog.shop.warehouse": "s3a://override"},
     )  # fmt: skip
@@ -70,37 +70,38 @@ def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
     assert call["args"][call["args"].index("--manifest") + 1] == path
     assert "s3cret" not in " ".join(call["args"])  # the secret travels in conf, which the hook masks
     assert call["jars"] == "/jars/iceberg.jar" and call["conn_id"] == "spark_local"
-    assert "airflow_provider_pglogical/formats/lake.py" in call["shipped"]
-    assert "airflow_provider_pglogical/spark/apply_batch.py" in call["shipped"]
+    assert "airflow_provider_postgres_cdc/formats/lake.py" in call["shipped"]
+    assert "airflow_provider_postgres_cdc/spark/apply_batch.py" in call["shipped"]
 
 
 def test_an_empty_batch_submits_nothing(submitted: list[dict[str, Any]], tmp_path: Path) -> None:
     path = write_manifest(tmp_path, ())
-    PgLogicalSparkApplyOperator(task_id="apply", manifest=path, lake_conn_id="shop_lake").execute({})  # type: ignore[arg-type]
+    PostgresCdcSparkApplyOperator(task_id="apply", manifest=path, lake_conn_id="shop_lake").execute({})  # type: ignore[arg-type]
     assert submitted == []
 
 
 def test_maintenance_submits_its_retention_settings(submitted: list[dict[str, Any]]) -> None:
-    operator = PgLogicalLakeMaintenanceOperator(
-        task_id="maintain", slot="shop_cdc", lake_conn_id="shop_lake", keep_cuts="3", older_than_hours="36",
+    operator = PostgresCdcLakeMaintenanceOperator(
+        task_id="maintain", slot_name="shop_cdc", lake_conn_id="shop_lake", keep_cuts="3",
+        older_than_hours="36",
         skip=["orphans"], packages="org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2",
     )  # fmt: skip
     operator.execute({})  # type: ignore[arg-type]
     (call,) = submitted
     args = call["args"]
-    assert args[args.index("--slot") + 1] == "shop_cdc" and args[args.index("--keep-cuts") + 1] == "3"
+    assert args[args.index("--slot-name") + 1] == "shop_cdc" and args[args.index("--keep-cuts") + 1] == "3"
     assert (
         args[args.index("--older-than-hours") + 1] == "36.0" and args[args.index("--skip") + 1] == "orphans"
     )
     assert call["jars"] is None  # packages given: the local jars are not added
-    assert "airflow_provider_pglogical/spark/maintain_lake.py" in call["shipped"]
+    assert "airflow_provider_postgres_cdc/spark/maintain_lake.py" in call["shipped"]
 
 
 def test_the_spark_connection_is_rendered_from_a_template(
     submitted: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     path = write_manifest(tmp_path, (TABLE,))
-    operator = PgLogicalSparkApplyOperator(
+    operator = PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=path, lake_conn_id="shop_lake", spark_conn_id="{{ params.spark }}"
     )
     operator.render_template_fields({"params": {"spark": "spark_local"}})  # type: ignore[arg-type]

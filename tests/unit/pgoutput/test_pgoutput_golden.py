@@ -13,9 +13,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.errors import UnsupportedBinaryTypeError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.pgoutput import (
+from airflow_provider_postgres_cdc.errors import UnsupportedBinaryTypeError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.pgoutput import (
     PG_EPOCH_US,
     BatchDecoder,
     Begin,

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_pglogical.errors import PgLogicalError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.pgoutput import (
+from airflow_provider_postgres_cdc.errors import PostgresCdcError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.pgoutput import (
     BatchDecoder,
     PgOutputDecodeError,
     PgOutputDecoder,
@@ -285,13 +285,13 @@ def test_fuzz_columnar_route_agrees_with_reference_or_raises(
     messages[index] = mutate(messages[index], mutation)
     try:
         reference = reference_tables(messages, 1)
-    except PgLogicalError as exc:
+    except PostgresCdcError as exc:
         reference_error: Exception | None = exc
     else:
         reference_error = None
     try:
         columnar = BatchDecoder(1).decode(messages).tables
-    except PgLogicalError as exc:
+    except PostgresCdcError as exc:
         assert reference_error is not None, f"only the columnar route failed: {exc}"
         return
     assert reference_error is None, f"only the reference route failed: {reference_error}"

@@ -1,4 +1,4 @@
-"""What ``pglogical check`` says about failover, judged from the facts alone (no server).
+"""What ``pgcdc check`` says about failover, judged from the facts alone (no server).
 
 The same judgements run against real servers in tests/integration/reliability/test_failover.py;
 here every gap is produced on purpose, each must name its own fix, and a ready standby none.
@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from airflow_provider_pglogical.errors import FailoverNotReadyError, ServerFeatureError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication.failover import FailoverReport
-from airflow_provider_pglogical.replication.slots import SlotInfo, invalidation_message
+from airflow_provider_postgres_cdc.errors import FailoverNotReadyError, ServerFeatureError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication.failover import FailoverReport
+from airflow_provider_postgres_cdc.replication.slots import SlotInfo, invalidation_message
 
 SYNCED = SlotInfo(
     "cdc", "pgoutput", "logical", "shop", False, False, None, Lsn(100), Lsn(200), "reserved", None, False,
@@ -81,4 +81,4 @@ def test_every_invalidation_reason_has_its_own_fix(reason: str, fix: str) -> Non
     assert slot.invalidated
     message = invalidation_message(slot)
     assert fix in message and f"invalidation_reason = {reason}" in message
-    assert "pglogical_recover_slot" in message
+    assert "postgres_cdc_recover_slot" in message

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from airflow_provider_pglogical.errors import ServerFeatureError, ServerVersionError
-from airflow_provider_pglogical.replication import features
+from airflow_provider_postgres_cdc.errors import ServerFeatureError, ServerVersionError
+from airflow_provider_postgres_cdc.replication import features
 
 
 @dataclass

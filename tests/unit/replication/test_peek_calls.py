@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication.peek_calls import (
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication.peek_calls import (
     LATER_CALLS,
     MAX_CALLS,
     PeekCalls,

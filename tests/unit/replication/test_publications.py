@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_pglogical.replication.publications import publication_names_option
+from airflow_provider_postgres_cdc.replication.publications import publication_names_option
 
 
 def test_publication_names_are_quoted_as_identifiers() -> None:

@@ -10,8 +10,8 @@ import struct
 import numpy as np
 import pytest
 
-from airflow_provider_pglogical.errors import TransportError
-from airflow_provider_pglogical.replication.raw_messages import framed_rows, split_rows
+from airflow_provider_postgres_cdc.errors import TransportError
+from airflow_provider_postgres_cdc.replication.raw_messages import framed_rows, split_rows
 
 _HEAD = struct.Struct("!hiQiIi")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
+from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
 
 
 @pytest.mark.parametrize(
@@ -23,11 +23,11 @@ from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor
 )
 def test_sensor_rejects_ambiguous_arguments_at_parse_time(kwargs: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        PgLogicalSlotLagSensor(task_id="lag", slot_name="s1", **kwargs)
+        PostgresCdcSlotLagSensor(task_id="lag", slot_name="s1", **kwargs)
 
 
 def test_sensor_templates_its_slot_thresholds_and_publications() -> None:
-    fields = set(PgLogicalSlotLagSensor.template_fields)
+    fields = set(PostgresCdcSlotLagSensor.template_fields)
     assert {
         "slot_name",
         "min_lag_bytes",
@@ -37,13 +37,13 @@ def test_sensor_templates_its_slot_thresholds_and_publications() -> None:
         "publications",
     } <= fields
     # A template is accepted unrendered; only its None-ness is checked before execute.
-    PgLogicalSlotLagSensor(task_id="lag", slot_name="{{ params.slot }}", min_lag_bytes="{{ params.lag }}")
+    PostgresCdcSlotLagSensor(task_id="lag", slot_name="{{ params.slot }}", min_lag_bytes="{{ params.lag }}")
 
 
 def test_importing_the_sensor_stays_light_for_dag_parsing() -> None:
     """The sensor is imported by every DAG file that uses it: no pyarrow/numpy (about a second)."""
     code = (
-        "import sys, airflow_provider_pglogical.sensors.slot_lag, airflow_provider_pglogical.cli.lag; "
+        "import sys, airflow_provider_postgres_cdc.sensors.slot_lag, airflow_provider_postgres_cdc.cli.lag; "
         "heavy = {'pyarrow', 'numpy'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
@@ -52,7 +52,7 @@ def test_importing_the_sensor_stays_light_for_dag_parsing() -> None:
 @pytest.mark.parametrize("configured", ["True", "False"])
 def test_deferrable_defaults_to_airflows_default_deferrable(configured: str) -> None:
     code = (
-        "from airflow_provider_pglogical.sensors.slot_lag import PgLogicalSlotLagSensor as S; "
+        "from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor as S; "
         "print(S(task_id='t', slot_name='s', min_lag_bytes=1).deferrable)"
     )
     env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": configured}

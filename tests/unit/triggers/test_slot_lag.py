@@ -6,16 +6,16 @@ import json
 
 from airflow.sdk.module_loading import import_string
 
-from airflow_provider_pglogical.triggers.slot_lag import PgLogicalSlotLagTrigger
+from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger
 
-CLASSPATH = "airflow_provider_pglogical.triggers.slot_lag.PgLogicalSlotLagTrigger"
+CLASSPATH = "airflow_provider_postgres_cdc.triggers.slot_lag.PostgresCdcSlotLagTrigger"
 MB = 1 << 20
 
 
 def test_trigger_serialization_round_trip_pins_the_classpath() -> None:
-    trigger = PgLogicalSlotLagTrigger(
+    trigger = PostgresCdcSlotLagTrigger(
         slot_name="s1",
-        pglogical_conn_id="pg_prod",
+        postgres_conn_id="pg_prod",
         publications=("pub_a", "Pub B"),
         min_lag_bytes=64 * MB,
         min_lag_age=600.0,
@@ -26,13 +26,13 @@ def test_trigger_serialization_round_trip_pins_the_classpath() -> None:
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == CLASSPATH
-    assert import_string(classpath) is PgLogicalSlotLagTrigger
+    assert import_string(classpath) is PostgresCdcSlotLagTrigger
     assert json.loads(json.dumps(kwargs)) == kwargs
     rebuilt = import_string(classpath)(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
     assert kwargs == {
         "slot_name": "s1",
-        "pglogical_conn_id": "pg_prod",
+        "postgres_conn_id": "pg_prod",
         "publications": ["pub_a", "Pub B"],
         "min_lag_bytes": 64 * MB,
         "max_lag_bytes": None,
@@ -46,5 +46,5 @@ def test_trigger_serialization_round_trip_pins_the_classpath() -> None:
 
 
 def test_trigger_kwargs_name_the_connection_and_never_hold_credentials() -> None:
-    _, kwargs = PgLogicalSlotLagTrigger(slot_name="s1", min_lag_bytes=1).serialize()
+    _, kwargs = PostgresCdcSlotLagTrigger(slot_name="s1", min_lag_bytes=1).serialize()
     assert not {"password", "host", "login", "dsn", "uri"} & set(kwargs)

@@ -12,18 +12,18 @@ from airflow.sdk import AssetWatcher
 from airflow.sdk.module_loading import import_string
 from airflow.triggers.base import BaseEventTrigger
 
-from airflow_provider_pglogical.engine.health import Outcome
-from airflow_provider_pglogical.triggers.slot_lag_event import PgLogicalSlotLagEventTrigger, fires
+from airflow_provider_postgres_cdc.engine.health import Outcome
+from airflow_provider_postgres_cdc.triggers.slot_lag_event import PostgresCdcSlotLagEventTrigger, fires
 
-CLASSPATH = "airflow_provider_pglogical.triggers.slot_lag_event.PgLogicalSlotLagEventTrigger"
-EXAMPLE = Path(__file__).resolve().parents[3] / "dags_examples" / "pglogical_cdc_on_lag.py"
+CLASSPATH = "airflow_provider_postgres_cdc.triggers.slot_lag_event.PostgresCdcSlotLagEventTrigger"
+EXAMPLE = Path(__file__).resolve().parents[3] / "dags_examples" / "postgres_cdc_on_lag.py"
 MB = 1 << 20
 
 
 def test_serialization_round_trip_pins_the_classpath_and_normalises_sizes_and_ages() -> None:
-    trigger = PgLogicalSlotLagEventTrigger(
+    trigger = PostgresCdcSlotLagEventTrigger(
         slot_name="s1",
-        pglogical_conn_id="pg_prod",
+        postgres_conn_id="pg_prod",
         publications=("pub_a", "Pub B"),
         min_lag_bytes="64MB",
         max_lag_age="600",
@@ -33,11 +33,11 @@ def test_serialization_round_trip_pins_the_classpath_and_normalises_sizes_and_ag
     )
     classpath, kwargs = trigger.serialize()
     assert classpath == CLASSPATH
-    assert import_string(classpath) is PgLogicalSlotLagEventTrigger
+    assert import_string(classpath) is PostgresCdcSlotLagEventTrigger
     assert json.loads(json.dumps(kwargs)) == kwargs
     assert kwargs == {
         "slot_name": "s1",
-        "pglogical_conn_id": "pg_prod",
+        "postgres_conn_id": "pg_prod",
         "publications": ["pub_a", "Pub B"],
         "min_lag_bytes": 64 * MB,
         "max_lag_age": 600.0,
@@ -54,7 +54,9 @@ def test_serialization_round_trip_pins_the_classpath_and_normalises_sizes_and_ag
 
 
 def test_it_is_an_event_trigger_an_asset_watcher_accepts_with_the_lag_checks_thresholds() -> None:
-    trigger = PgLogicalSlotLagEventTrigger(slot_name="s", publications=["p"], min_lag_bytes=1, max_lag_age=60)
+    trigger = PostgresCdcSlotLagEventTrigger(
+        slot_name="s", publications=["p"], min_lag_bytes=1, max_lag_age=60
+    )
     assert isinstance(trigger, BaseEventTrigger)
     AssetWatcher(name="w", trigger=trigger)
     # The watcher's max_lag_age is the lag check's "piled up" age: fire once a change is that old.
@@ -75,7 +77,7 @@ def test_it_is_an_event_trigger_an_asset_watcher_accepts_with_the_lag_checks_thr
 )
 def test_bad_thresholds_fail_when_the_dag_is_parsed(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        PgLogicalSlotLagEventTrigger(slot_name="s", **kwargs)  # type: ignore[arg-type]
+        PostgresCdcSlotLagEventTrigger(slot_name="s", **kwargs)  # type: ignore[arg-type]
 
 
 def test_one_event_per_acknowledged_position() -> None:
@@ -94,8 +96,8 @@ def test_one_event_per_acknowledged_position() -> None:
 
 def load_example(monkeypatch: pytest.MonkeyPatch, **env: str) -> ModuleType:
     for name, value in env.items():
-        monkeypatch.setenv(f"PGLOGICAL_ON_LAG_{name}", value)
-    spec = importlib.util.spec_from_file_location("pglogical_cdc_on_lag_example", EXAMPLE)
+        monkeypatch.setenv(f"POSTGRES_CDC_ON_LAG_{name}", value)
+    spec = importlib.util.spec_from_file_location("postgres_cdc_on_lag_example", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -111,14 +113,14 @@ def test_example_dag_reads_slot_and_thresholds_from_the_environment(monkeypatch:
     assert kwargs["max_lag_age"] is None and kwargs["poke_interval"] == 5.0
     dag = module.dag
     assert dag.max_active_runs == 1
-    assert dag.params["slot"] == "shop_cdc"
-    assert "pglogical_cdc.wait_for_lag" not in dag.task_dict  # the watcher decided already
-    assert {"pglogical_cdc.drain", "pglogical_cdc.apply", "pglogical_cdc.ack"} <= set(dag.task_dict)
+    assert dag.params["slot_name"] == "shop_cdc"
+    assert "postgres_cdc.wait_for_lag" not in dag.task_dict  # the watcher decided already
+    assert {"postgres_cdc.drain", "postgres_cdc.apply", "postgres_cdc.ack"} <= set(dag.task_dict)
 
 
 def test_example_dag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("SLOT", "MIN_LAG_BYTES", "MAX_LAG_AGE", "POKE_INTERVAL", "PUBLICATION", "CONN_ID"):
-        monkeypatch.delenv(f"PGLOGICAL_ON_LAG_{name}", raising=False)
+        monkeypatch.delenv(f"POSTGRES_CDC_ON_LAG_{name}", raising=False)
     _, kwargs = load_example(monkeypatch).slot_lag.watchers[0].trigger.serialize()
-    assert kwargs["slot_name"] == "pglogical_slot" and kwargs["publications"] == ["pglogical_pub"]
+    assert kwargs["slot_name"] == "postgres_cdc_slot" and kwargs["publications"] == ["postgres_cdc_pub"]
     assert (kwargs["min_lag_bytes"], kwargs["max_lag_age"], kwargs["poke_interval"]) == (64 * MB, 900.0, 60.0)

@@ -10,8 +10,8 @@ import struct
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.errors import UnrepresentableValueError, UnsupportedBinaryTypeError
-from airflow_provider_pglogical.values.arrow_types import (
+from airflow_provider_postgres_cdc.errors import UnrepresentableValueError, UnsupportedBinaryTypeError
+from airflow_provider_postgres_cdc.values.arrow_types import (
     arrow_type,
     binary_to_arrow,
     binary_to_arrow_with_overflow,

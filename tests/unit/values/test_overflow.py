@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_provider_pglogical.errors import ReservedColumnNameError
-from airflow_provider_pglogical.values.overflow import check_names, with_sibling_unchanged
+from airflow_provider_postgres_cdc.errors import ReservedColumnNameError
+from airflow_provider_postgres_cdc.values.overflow import check_names, with_sibling_unchanged
 
 
 def test_a_source_column_with_the_reserved_suffix_is_refused_with_the_fix() -> None:

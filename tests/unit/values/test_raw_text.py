@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from airflow_provider_pglogical.values.raw_text import escape_bytes, escape_raw_text, raw_bytes
+from airflow_provider_postgres_cdc.values.raw_text import escape_bytes, escape_raw_text, raw_bytes
 
 # Bytes rich in what matters: invalid UTF-8, valid multibyte sequences, the escape range's own.
 PIECES = st.sampled_from([b"a", b"\\", b"\xe9", b"\xff", b"\xc3\xa9", b"\xe2\x82\xac", b"\xf4\x8f\xba\x80"])

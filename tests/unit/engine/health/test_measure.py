@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from airflow_provider_pglogical.engine.health.measure import begin_commit_time
+from airflow_provider_postgres_cdc.engine.health.measure import begin_commit_time
 
 
 def test_begin_message_commit_time() -> None:

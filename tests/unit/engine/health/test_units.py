@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_provider_pglogical.engine.health.units import format_size, parse_duration, parse_size
+from airflow_provider_postgres_cdc.engine.health.units import format_size, parse_duration, parse_size
 
 MB = 1 << 20
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from airflow_provider_pglogical.engine.health.model import SlotHealth
-from airflow_provider_pglogical.engine.health.verdict import (
+from airflow_provider_postgres_cdc.engine.health.model import SlotHealth
+from airflow_provider_postgres_cdc.engine.health.verdict import (
     LagThresholds,
     Outcome,
     SlotLagDecision,
@@ -18,9 +18,9 @@ from airflow_provider_pglogical.engine.health.verdict import (
     judge_lag,
     wal_safety,
 )
-from airflow_provider_pglogical.errors import SlotLostError, SlotNotFoundError, WalRetentionError
-from airflow_provider_pglogical.formats.lsn import Lsn
-from airflow_provider_pglogical.replication.slots import SlotInfo
+from airflow_provider_postgres_cdc.errors import SlotLostError, SlotNotFoundError, WalRetentionError
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.replication.slots import SlotInfo
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 MB = 1 << 20
@@ -69,7 +69,10 @@ def test_wal_safety_levels() -> None:
     assert "ALTER SYSTEM SET max_slot_wal_keep_size = '1GB'" in unreserved.message
     lost = wal_safety(health(wal_status="lost", keep=MB))
     assert lost.risk is WalRisk.LOST
-    assert "airflow dags trigger pglogical_recover_slot" in lost.message and '"slot": "s1"' in lost.message
+    assert (
+        "airflow dags trigger postgres_cdc_recover_slot" in lost.message
+        and '"slot_name": "s1"' in lost.message
+    )
 
 
 def test_a_lost_slot_fails_even_when_the_threshold_is_met() -> None:

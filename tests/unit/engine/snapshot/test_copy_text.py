@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from airflow_provider_pglogical.engine.snapshot.copy_text import _whole_rows
-from airflow_provider_pglogical.errors import RowTooLargeError
+from airflow_provider_postgres_cdc.engine.snapshot.copy_text import _whole_rows
+from airflow_provider_postgres_cdc.errors import RowTooLargeError
 
 
 def _stream(data: bytes) -> io.BufferedReader:

@@ -1,1 +1,0 @@
-"""Sensors of the pglogical provider."""

@@ -1,1 +1,0 @@
-"""Deferrable triggers of the pglogical provider (run by the Airflow triggerer)."""

@@ -1,0 +1,42 @@
+"""The ``pgcdc`` command: operate and debug logical replication from a terminal.
+
+Each subcommand lives in ``airflow_provider_postgres_cdc.cli.<module>`` and registers
+itself; every one takes ``--dsn`` or ``--postgres-conn-id`` and ``--json``, and exits non-zero on
+failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+import psycopg2
+
+from airflow_provider_postgres_cdc.errors import PostgresCdcError
+
+COMMAND_MODULES = ("inspect", "lag", "peek", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pgcdc", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"airflow_provider_postgres_cdc.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    try:
+        return int(args.func(args))
+    except (PostgresCdcError, ValueError) as exc:
+        print(f"pgcdc {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except psycopg2.Error as exc:
+        print(f"pgcdc {args.command}: database error: {str(exc).strip()}", file=sys.stderr)
+        return 1

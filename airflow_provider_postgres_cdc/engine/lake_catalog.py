@@ -1,0 +1,221 @@
+"""The Iceberg lake read from Python with pyiceberg: no Spark, no JVM (the ack, verify, readers).
+
+The catalog is the one Spark writes through, described by the same :class:`LakeConfig`; its Spark
+properties are translated to pyiceberg's (a JDBC URI becomes a SQLAlchemy URL: pyiceberg's SQL
+catalog shares the tables of Iceberg's JDBC catalog, schema V1, when both use the same catalog
+name). REST, Hive and Glue catalogs take their properties as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlparse
+
+import pyarrow as pa
+
+from airflow_provider_postgres_cdc.errors import LakeCatalogError
+from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState
+from airflow_provider_postgres_cdc.formats.layout import encode_name_part
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+
+# Spark catalog `type` -> pyiceberg catalog type; JDBC needs its URI translated.
+_PASS_THROUGH = {"rest": "rest", "hive": "hive", "glue": "glue", "nessie": "rest"}
+
+
+def pyiceberg_properties(config: LakeConfig) -> dict[str, str]:
+    """pyiceberg catalog properties equivalent to the lake's Spark catalog properties."""
+    props = dict(config.properties)
+    kind = config.catalog_type
+    if kind in _PASS_THROUGH:
+        props["type"] = _PASS_THROUGH[kind]
+        return props
+    if kind != "jdbc":
+        raise LakeCatalogError(
+            f"catalog {config.catalog!r} has type {kind or '(none)'!r}, which pyiceberg cannot open; use a "
+            "jdbc, rest, hive or glue catalog (a Hadoop catalog has no pyiceberg client)"
+        )
+    uri = props.pop("uri", "")
+    user, password = props.pop("jdbc.user", ""), props.pop("jdbc.password", "")
+    props.pop("jdbc.schema-version", None)
+    props = {k: v for k, v in props.items() if not k.startswith("jdbc.")}
+    props["type"] = "sql"
+    props["uri"] = sqlalchemy_url(uri, user, password)
+    warehouse = props.get("warehouse", "")
+    if warehouse.startswith("/"):
+        props["warehouse"] = f"file://{warehouse}"
+    return props
+
+
+def sqlalchemy_url(jdbc_uri: str, user: str = "", password: str = "") -> str:
+    """A JDBC catalog URI as SQLAlchemy's URL (``jdbc:sqlite:/p`` -> ``sqlite:////p``)."""
+    if jdbc_uri.startswith("jdbc:sqlite:"):
+        path = jdbc_uri[len("jdbc:sqlite:") :]
+        return f"sqlite:///{path}"
+    if jdbc_uri.startswith("jdbc:postgresql:"):
+        parsed = urlparse(jdbc_uri[len("jdbc:") :])
+        auth = ""
+        if user:
+            auth = quote(user, safe="") + (f":{quote(password, safe='')}" if password else "") + "@"
+        query = f"?{parsed.query}" if parsed.query else ""
+        return f"postgresql+psycopg2://{auth}{parsed.netloc}{parsed.path}{query}"
+    raise LakeCatalogError(
+        f"JDBC catalog URI {jdbc_uri.split('?')[0]!r} is neither jdbc:sqlite: nor jdbc:postgresql:, the two "
+        "this package can also open with pyiceberg"
+    )
+
+
+def open_catalog(config: LakeConfig) -> Any:
+    """The pyiceberg catalog of the lake; a clear error when it cannot be reached."""
+    from pyiceberg.catalog import load_catalog
+
+    try:
+        catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
+        catalog.list_namespaces()
+    except LakeCatalogError:
+        raise
+    except Exception as exc:
+        raise LakeCatalogError(
+            f"cannot open Iceberg catalog {config.catalog!r} with pyiceberg ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:300] if str(exc) else ''}): check the lake connection's properties"
+        ) from exc
+    return catalog
+
+
+def load_table(catalog: Any, config: LakeConfig, schema: str, table: str) -> Any | None:
+    """A source table's lake table, or None when it does not exist."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return catalog.load_table(config.identifier(schema, table))
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+
+
+def lineage(table: Any, snapshot_id: int | None = None) -> list[Any]:
+    """A branch's pyiceberg snapshots from ``snapshot_id`` (default: main's current), newest first."""
+    snapshot = table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
+    out = []
+    while snapshot is not None:
+        out.append(snapshot)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return out
+
+
+def summary_of(snapshot: Any) -> dict[str, str]:
+    """A snapshot's summary properties (the pipeline's ``pgl.*`` keys and Iceberg's own)."""
+    return dict(snapshot.summary.additional_properties) if snapshot.summary is not None else {}
+
+
+def history(table: Any, snapshot_id: int | None = None) -> list[tuple[int, dict[str, str]]]:
+    """A branch's snapshots from ``snapshot_id`` (default: main's current), newest first."""
+    return [(snapshot.snapshot_id, summary_of(snapshot)) for snapshot in lineage(table, snapshot_id)]
+
+
+def table_state(table: Any) -> TableState | None:
+    return lake.state_of(history(table))
+
+
+def unapplied_tables(config: LakeConfig, manifest: Manifest) -> list[str]:
+    """Tables of ``manifest`` whose lake table does not hold the batch yet: empty means the ack may go.
+
+    A table holds it once its applied end LSN reached the batch's end (by this batch, or by a
+    later snapshot load). Tables with no staged file (nothing to apply) need nothing.
+    """
+    pending = [entry for entry in manifest.tables if entry.files]
+    if not pending:
+        return []
+    catalog = open_catalog(config)
+    missing = []
+    for entry in pending:
+        table = load_table(catalog, config, entry.schema, entry.table)
+        state = table_state(table) if table is not None else None
+        if state is None or state.applied_end_lsn < manifest.end_lsn:
+            missing.append(entry.qualified)
+    return missing
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """The lake at one source LSN: each pipeline table's snapshot there (its tag when tagged)."""
+
+    lsn: Lsn
+    tag: str
+    snapshots: Mapping[tuple[str, str], int]  # (namespace, table) -> snapshot id
+
+
+def owned_tables(catalog: Any, config: LakeConfig, slot: str) -> list[Any]:
+    """The data tables of ``slot``'s pipeline (table property), like the job's cut takes them."""
+    prefix = encode_name_part(config.namespace_prefix)
+    tables = []
+    for namespace in catalog.list_namespaces():
+        if len(namespace) != 1 or not namespace[0].startswith(prefix):
+            continue
+        for identifier in catalog.list_tables(namespace):
+            if identifier[-1].endswith(lake.CHANGELOG_SUFFIX):
+                continue
+            table = catalog.load_table(identifier)
+            if table.properties.get(lake.OWNER_PROPERTY) == slot:
+                tables.append(table)
+    return tables
+
+
+def latest_cut(config: LakeConfig, slot: str) -> Cut | None:
+    """The newest batch tag present on every table of the pipeline: the lake's latest consistent cut."""
+    tables = owned_tables(open_catalog(config), config, slot)
+    common: set[str] | None = None
+    for table in tables:
+        tags = {name for name in table.metadata.refs if lake.tag_lsn(name) is not None}
+        common = tags if common is None else common & tags
+    if not common:
+        return None
+    tag = max(common, key=lambda name: lake.tag_lsn(name) or 0)
+    return Cut(
+        Lsn(lake.tag_lsn(tag) or 0),
+        tag,
+        {_identifier(t): t.metadata.refs[tag].snapshot_id for t in tables},
+    )
+
+
+def cut_at(config: LakeConfig, slot: str, lsn: Lsn) -> Cut:
+    """The lake as of any source ``lsn`` at or after a batch end: from tags, or the history when the
+    tag is gone. Tables with no pipeline commit by then are left out."""
+    snapshots: dict[tuple[str, str], int] = {}
+    tag = lake.tag_name(lsn)
+    for table in owned_tables(open_catalog(config), config, slot):
+        ref = table.metadata.refs.get(tag)
+        snapshot_id = ref.snapshot_id if ref is not None else lake.snapshot_at(history(table), lsn)
+        if snapshot_id is not None:
+            snapshots[_identifier(table)] = snapshot_id
+    return Cut(lsn, tag, snapshots)
+
+
+def read_table(
+    config: LakeConfig,
+    schema: str,
+    table: str,
+    *,
+    cut: Cut | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """A source table's lake rows as Arrow, now or as of ``cut``, through pyiceberg."""
+    catalog = open_catalog(config)
+    loaded = load_table(catalog, config, schema, table)
+    if loaded is None:
+        raise LakeCatalogError(f"the lake has no table for {schema}.{table} (load its snapshot first)")
+    snapshot_id = None
+    if cut is not None:
+        snapshot_id = cut.snapshots.get(config.identifier(schema, table))
+        if snapshot_id is None:
+            raise LakeCatalogError(f"{schema}.{table} had no pipeline commit by {cut.lsn}")
+    scan = loaded.scan(snapshot_id=snapshot_id, selected_fields=tuple(columns) if columns else ("*",))
+    return scan.to_arrow()
+
+
+def _identifier(table: Any) -> tuple[str, str]:
+    namespace, name = table.name()[-2:]
+    return str(namespace), str(name)

@@ -1,0 +1,277 @@
+"""``PostgresCdcSnapshotOperator``: a consistent copy of published tables (initial, re-snapshot, recovery)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
+from airflow_provider_postgres_cdc.engine.snapshot import (
+    DEFAULT_MIN_RANGE_BYTES,
+    DEFAULT_PARALLELISM,
+    DEFAULT_RANGE_BYTES,
+    SLOT_MODES,
+    SPARK_JOB_PATH,
+    SPARK_PASSWORD_ENV,
+    SlotMode,
+    SnapshotRun,
+    TableCopy,
+    jdbc_connection,
+    staged_snapshot,
+)
+from airflow_provider_postgres_cdc.engine.staging import DEFAULT_MAX_FILE_BYTES
+from airflow_provider_postgres_cdc.errors import BACKFILL, SlotExistsError
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
+from airflow_provider_postgres_cdc.hooks.staging import staging_options
+
+COPY_ENGINES = ("local", "spark")
+POSTGRESQL_JDBC_JAR = "/usr/share/java/postgresql.jar"
+
+
+class PostgresCdcSnapshotOperator(BaseOperator):
+    """Create a replication slot with an exported snapshot and stage a consistent copy of its tables.
+
+    The slot's replication connection stays open and idle for the whole copy (the snapshot
+    lives only as long as it does); the copy shows the database exactly at the slot's
+    consistent point, so the first drain continues where it ends. Tables are read with the
+    publications' column lists and row filters, as PostgreSQL's own initial sync does, into
+    ``<staging>/<slot>/snapshot-<lsn>/<schema>.<table>/part-*.parquet`` and ``_manifest.json``.
+
+    ``copy_engine="local"`` copies in this worker with ``parallelism`` connections, splitting
+    large tables into ctid ranges. ``copy_engine="spark"`` submits ``spark/snapshot_jdbc.py``
+    through the Spark provider's ``SparkSubmitHook``: every JDBC partition imports the same
+    snapshot. Both stage the same data and the same manifest.
+
+    ``slot_mode="temporary"`` re-snapshots tables of a running pipeline: a temporary slot exports
+    the snapshot and ``slot_name`` (the pipeline's slot) is untouched; the apply job then skips
+    each table's changes below the new consistent point. ``slot_mode="recover"`` recreates a slot
+    whose WAL was lost (or that was dropped) and copies every table again.
+
+    On failure the slot this run created and its staged files are removed, so a retry starts
+    clean. A re-run of an initial or recovery snapshot whose slot exists (a cleared or retried
+    past run) creates nothing: while the slot has not moved past the snapshot that slot exported,
+    that staged snapshot is returned again, so its load resumes (a table already loaded is
+    skipped); once the pipeline has moved on, the task is skipped. ``recreate_slot`` instead
+    drops the slot and starts over. Returns (XCom) the manifest's URI and a small summary.
+
+    :param slot_name: replication slot to create. (templated)
+    :param publications: publication name or names whose tables are copied. (templated)
+    :param staging: staging root: a local path or ``file://``, ``s3://``, ``gs://``, ``hdfs://`` URI.
+        (templated)
+    :param tables: subset of the published tables (``schema.table``, or objects with a ``table``
+        key as :class:`PostgresCdcPublishTablesOperator` takes them); all when empty. (templated)
+    :param postgres_conn_id: Airflow connection of the source database. (templated)
+    :param copy_engine: ``"local"`` (default) or ``"spark"``.
+    :param parallelism: local engine: worker connections (tables and ranges copied at once);
+        Spark engine: ranges per large table are sized from it too.
+    :param slot_mode: ``"create"`` (initial snapshot), ``"temporary"`` (re-snapshot of a running
+        pipeline) or ``"recover"`` (recreate a lost slot and copy every table).
+    :param recreate_slot: ``"create"`` only: drop an existing slot of that name first; its
+        unconsumed changes are lost.
+    :param max_file_bytes: local engine: size at which a Parquet part file is closed.
+    :param max_memory_bytes: local engine: the memory budget shared with the drain; a single row
+        larger than a quarter of it stops the copy with a message naming this setting.
+    :param range_bytes: largest ctid range of a table, in bytes of heap.
+    :param min_range_bytes: smallest ctid range: tables smaller than this are read whole.
+    :param spark_conn_id: Spark connection for ``copy_engine="spark"`` (``spark://local%5B2%5D``
+        for local mode: an unencoded ``local[*]`` silently becomes yarn). (templated)
+    :param spark_binary: ``spark-submit`` to run; default: the connection's, or PATH's, or the one
+        next to this Python when PATH has none.
+    :param spark_jars: jars for the job; default Debian's PostgreSQL JDBC driver.
+    :param spark_conf: extra Spark configuration for the job.
+    :param progress_interval: seconds between progress log lines.
+    :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
+        credentials (:class:`PostgresCdcStagingHook`); ``None``: pyarrow's environment chain (templated).
+        The local engine writes with it; the Spark engine's executors write through Hadoop's
+        ``s3a`` and take their credentials from ``spark_conf`` (docs/LAKE.md).
+    """
+
+    template_fields: Sequence[str] = (
+        "slot_name",
+        "publications",
+        "staging",
+        "tables",
+        "postgres_conn_id",
+        "spark_conn_id",
+        "staging_conn_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        slot_name: str,
+        publications: str | Sequence[str],
+        staging: str,
+        tables: Sequence[str | Mapping[str, Any]] | None = None,
+        postgres_conn_id: str = PostgresCdcHook.default_conn_name,
+        copy_engine: str = "local",
+        parallelism: int = DEFAULT_PARALLELISM,
+        slot_mode: SlotMode = "create",
+        recreate_slot: bool = False,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+        range_bytes: int = DEFAULT_RANGE_BYTES,
+        min_range_bytes: int = DEFAULT_MIN_RANGE_BYTES,
+        spark_conn_id: str = "spark_default",
+        spark_binary: str | None = None,
+        spark_jars: str = POSTGRESQL_JDBC_JAR,
+        spark_conf: dict[str, Any] | None = None,
+        progress_interval: float = 5.0,
+        staging_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot_name = slot_name
+        self.publications = publications
+        self.staging = staging
+        self.tables = tables
+        self.postgres_conn_id = postgres_conn_id
+        self.copy_engine = copy_engine
+        self.parallelism = parallelism
+        self.slot_mode = slot_mode
+        self.recreate_slot = recreate_slot
+        self.max_file_bytes = max_file_bytes
+        self.max_memory_bytes = max_memory_bytes
+        self.range_bytes = range_bytes
+        self.min_range_bytes = min_range_bytes
+        self.spark_conn_id = spark_conn_id
+        self.spark_binary = spark_binary
+        self.spark_jars = spark_jars
+        self.spark_conf = spark_conf
+        self.progress_interval = progress_interval
+        self.staging_conn_id = staging_conn_id
+        self._spark_hook: Any = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        if self.copy_engine not in COPY_ENGINES:
+            raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, not {self.copy_engine!r}")
+        if self.slot_mode not in SLOT_MODES:
+            raise ValueError(f"slot_mode must be one of {SLOT_MODES}, not {self.slot_mode!r}")
+        publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
+        hook = self._get_hook()
+        try:
+            return self._snapshot(hook.connection_params(), publications)
+        except SlotExistsError as exc:
+            if self.slot_mode == "temporary" or self.recreate_slot:
+                raise
+            return self._rerun(hook, exc)
+
+    def _get_hook(self) -> PostgresCdcHook:
+        return PostgresCdcHook(self.postgres_conn_id)
+
+    def _rerun(self, hook: PostgresCdcHook, exc: SlotExistsError) -> dict[str, Any]:
+        """The slot exists: hand its own staged snapshot to the load again, or skip (see class doc)."""
+        staged = staged_snapshot(self.staging, self.slot_name, staging_options(self.staging_conn_id))
+        if staged is None:
+            raise exc
+        uri, manifest = staged
+        confirmed = hook.describe_slot(self.slot_name).confirmed_flush_lsn
+        if confirmed is not None and confirmed > manifest.end_lsn:
+            raise AirflowSkipException(
+                f"slot {self.slot_name} exists and has consumed changes up to {confirmed}, past its "
+                f"snapshot {manifest.batch_id}: the pipeline runs from there, so this re-run has nothing to "
+                f"do (to reload tables, re-snapshot them with {BACKFILL})"
+            )
+        self.log.warning(
+            "slot %s exists and has not moved past its staged snapshot %s: handing that snapshot to the "
+            "load again (tables already loaded are skipped)", self.slot_name, uri,
+        )  # fmt: skip
+        return summarize(uri, manifest)
+
+    def _snapshot(self, params: dict[str, Any], publications: list[str]) -> dict[str, Any]:
+        with SnapshotRun(
+            params,
+            self.slot_name,
+            publications,
+            self.staging,
+            tables=[t if isinstance(t, str) else t["table"] for t in self.tables or ()] or None,
+            slot_mode=self.slot_mode,
+            recreate_slot=self.recreate_slot,
+            parallelism=self.parallelism,
+            range_bytes=self.range_bytes,
+            min_range_bytes=self.min_range_bytes,
+            progress_interval=self.progress_interval,
+            staging_options=staging_options(self.staging_conn_id),
+        ) as run:
+            if self.copy_engine == "spark":
+                copies = self._copy_with_spark(run, params)
+            else:
+                copies = run.copy_local(
+                    max_file_bytes=self.max_file_bytes, max_memory_bytes=self.max_memory_bytes
+                )
+            path, manifest = run.finish(copies)
+            uri = run.location.uri_of(path)
+        return summarize(uri, manifest)
+
+    def _copy_with_spark(self, run: SnapshotRun, params: dict[str, Any]) -> list[TableCopy]:
+        from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+        url, properties, password = jdbc_connection(params)
+        spec = run.spark_job_spec(url, properties)
+        with tempfile.TemporaryDirectory(prefix="postgres-cdc-snapshot-") as scratch:
+            spec_path = os.path.join(scratch, "snapshot_job.json")
+            with open(spec_path, "w", encoding="utf-8") as handle:
+                json.dump(spec, handle)
+            self._spark_hook = hook = SparkSubmitHook(
+                conn_id=self.spark_conn_id,
+                name=f"postgres-cdc-snapshot-{run.slot}",
+                application_args=["--spec", spec_path],
+                files=spec_path,
+                jars=self.spark_jars,
+                conf=self.spark_conf,
+                env_vars={SPARK_PASSWORD_ENV: password} if password else None,
+                spark_binary=self.spark_binary or _default_spark_submit(),
+            )
+            hook.submit(application=SPARK_JOB_PATH)
+        return run.collect_staged()
+
+    def on_kill(self) -> None:
+        """Stop a running Spark copy; the slot and staged files are removed as the run unwinds."""
+        if self._spark_hook is not None:
+            self._spark_hook.on_kill()
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """OpenLineage (README): nothing before the copy is staged; its COMPLETE event says it all."""
+        from airflow_provider_postgres_cdc.lineage.tasks import nothing_yet
+
+        return nothing_yet()
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the source tables copied, and the batch's LSN window (lineage/tasks.py)."""
+        from airflow_provider_postgres_cdc.lineage.tasks import staged_lineage
+
+        return staged_lineage(self, task_instance)
+
+
+def _default_spark_submit() -> str | None:
+    """None (the connection's ``spark-binary`` or PATH decides) unless PATH lacks ``spark-submit``:
+    then the one pyspark installed next to this Python, as in a virtualenv that is not activated."""
+    if shutil.which("spark-submit"):
+        return None
+    beside = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    return beside if os.path.exists(beside) else None
+
+
+def summarize(manifest_uri: str, manifest: Manifest) -> dict[str, Any]:
+    """The XCom value: where the manifest is and what it holds, small enough for any XCom backend."""
+    return {
+        "manifest": manifest_uri,
+        "slot": manifest.slot,
+        "batch_id": manifest.batch_id,
+        "consistent_point": str(manifest.end_lsn),
+        "snapshot_name": manifest.snapshot_name,
+        "tables": len(manifest.tables),
+        "rows": manifest.total_rows,
+        "bytes": manifest.stats.bytes,
+        "seconds": manifest.stats.seconds,
+        "tables_without_key": [t.qualified for t in manifest.tables if not t.key_columns],
+    }

@@ -1,0 +1,113 @@
+"""``PostgresCdcSparkApplyOperator``: submit the package's PySpark apply job for a staged manifest.
+
+Needs the ``spark`` extra (``pip install 'airflow-provider-postgres-cdc[spark]'``): the Spark provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import Context
+
+from airflow_provider_postgres_cdc import metrics
+from airflow_provider_postgres_cdc.assets import TABLES_ALIAS, alias, table_asset
+from airflow_provider_postgres_cdc.engine.lake_events import batch_writes, table_event_extra
+from airflow_provider_postgres_cdc.engine.staging import read_manifest
+from airflow_provider_postgres_cdc.errors import LakeCatalogError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.hooks.staging import staging_options
+from airflow_provider_postgres_cdc.operators.lake_job import LakeSparkJobOperator
+from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH
+
+
+class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
+    """Apply a snapshot or change batch to the Iceberg lake with ``spark-submit`` (no hand-written command).
+
+    See :class:`LakeSparkJobOperator` for the Spark and lake settings. The job is idempotent: a
+    table that already holds the batch is skipped, and a re-run after a crash converges.
+
+    :param manifest: URI or path of the ``_manifest.json`` to apply (templated).
+    :param lake_conn_id: the lake's ``postgres_cdc_lake`` connection (templated).
+    :param tables: optional ``schema.table`` names restricting the run (templated).
+    :param write_mode: row-level write mode of tables the job creates: ``merge-on-read`` (default:
+        docs/LAKE.md says why) or ``copy-on-write``.
+    :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store, for reading the
+        manifest here; the job itself reads staging through the cluster's own S3 settings (templated).
+    :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
+        one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
+        cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
+    """
+
+    template_fields: Sequence[str] = (
+        *LakeSparkJobOperator.template_fields,
+        "manifest",
+        "tables",
+        "staging_conn_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        manifest: str,
+        tables: Sequence[str] | None = None,
+        write_mode: str = "merge-on-read",
+        name: str = "postgres-cdc-apply",
+        staging_conn_id: str | None = None,
+        asset_alias: str = TABLES_ALIAS,
+        **kwargs: Any,
+    ) -> None:
+        # Which tables a batch writes is known only once it is drained: the events go through an alias.
+        kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
+        super().__init__(application=APPLY_JOB_PATH, name=name, **kwargs)
+        self.manifest = manifest
+        self.tables = tables
+        self.write_mode = write_mode
+        self.staging_conn_id = staging_conn_id
+        self.asset_alias = asset_alias
+
+    def job_arguments(self, lake: LakeConfig) -> list[str]:
+        args = ["--manifest", str(self.manifest), "--write-mode", self.write_mode]
+        return args + (["--tables", ",".join(self.tables)] if self.tables else [])
+
+    def execute(self, context: Context) -> None:
+        manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
+        if not manifest.tables:
+            # An empty batch changes no table: nothing to submit, and the ack needs no commit.
+            self.log.info("batch %s holds no changes; nothing to apply", manifest.batch_id)
+            return
+        super().execute(context)
+        self._emit_table_events(context, manifest)
+
+    def _emit_table_events(self, context: Context, manifest: Manifest) -> None:
+        """One Asset event per lake table holding a commit of this batch (also after a re-run that
+        found them applied: events count only once a task succeeds), and its apply time as a metric."""
+        lake = self._get_lake_hook().get_conn()
+        try:
+            writes = batch_writes(lake, manifest)
+        except LakeCatalogError as exc:  # a Spark-only catalog: the lake holds the batch all the same
+            self.log.warning("no Asset events for batch %s: %s", manifest.batch_id, exc)
+            return
+        events = context["outlet_events"][alias(self.asset_alias)]
+        for write in writes:
+            events.add(table_asset(lake, write.schema, write.table), extra=table_event_extra(manifest, write))
+            if write.apply_seconds is not None:
+                qualified = f"{write.schema}.{write.table}"
+                metrics.timing(
+                    metrics.APPLY_SECONDS, write.apply_seconds, slot=manifest.slot, table=qualified
+                )
+        self.log.info("batch %s: Asset events for %d lake table(s)", manifest.batch_id, len(writes))
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        """OpenLineage (README): the lake tables the batch writes and its LSN window (lineage/tasks.py)."""
+        from airflow_provider_postgres_cdc.lineage.tasks import apply_lineage
+
+        return apply_lineage(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: source tables in, lake tables out, with column lineage and rows written."""
+        from airflow_provider_postgres_cdc.lineage.tasks import apply_lineage
+
+        return apply_lineage(self, task_instance)

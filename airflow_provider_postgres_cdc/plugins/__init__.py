@@ -1,0 +1,1 @@
+"""Airflow plugins of the provider: the "Postgres CDC" view of the Airflow UI (:mod:`.report_view`)."""

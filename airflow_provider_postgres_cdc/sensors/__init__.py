@@ -1,0 +1,1 @@
+"""Sensors of the Postgres CDC provider."""

@@ -1,0 +1,517 @@
+"""Apply a staged snapshot or change batch (docs/FORMATS.md) to Iceberg tables: the PySpark apply job.
+
+    spark-submit --py-files postgres_cdc_job.zip --conf spark.sql.catalog.lake=... apply_batch.py \
+        --manifest <staging>/<slot>/<batch id>/_manifest.json --catalog lake [--namespace-prefix P] \
+        [--tables public.orders,public.items] [--write-mode merge-on-read|copy-on-write]
+
+The catalog itself is configured the Spark way (``spark.sql.catalog.<name>.*``; the apply operator
+passes them from its lake connection). Per table, one Iceberg commit applies the batch and records
+it in the snapshot summary (docs/LAKE.md): a snapshot load creates or overwrites the table, a batch
+is reduced to its net effect per key and merged with one ``MERGE INTO``. Each change of a batch is
+appended once to the table's changelog table. Once every table of the batch has committed, every
+table of the pipeline is tagged ``pgl_<end LSN>``: a consistent cut across tables.
+
+Exit status 0 on success (a JSON summary is printed on stdout), 2 on an error a user must act on
+(message on stderr, e.g. an incompatible column type change), 1 on anything unexpected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from airflow_provider_postgres_cdc.errors import ApplyError, ConcurrentWriteError, SchemaConflictError
+from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
+from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling
+from airflow_provider_postgres_cdc.formats.schema_changes import SourceColumn, encode_columns
+from airflow_provider_postgres_cdc.spark import multiset
+from airflow_provider_postgres_cdc.spark.changes import (
+    COMMIT_LSN,
+    EVENT_KIND,
+    OP,
+    ROW_KEY,
+    UNFILLED,
+    UPSERT,
+    NetEffect,
+    column,
+    key_struct,
+    materialize,
+    net_effect,
+)
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, is_conflict, quote, temp_view
+from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
+from airflow_provider_postgres_cdc.spark.schema_evolution import plan_schema_changes, resnapshot_needed
+from airflow_provider_postgres_cdc.spark.staged import (
+    base_dir,
+    declared_schema,
+    files_reaching,
+    key_columns,
+    load_manifest,
+    read_staged,
+)
+
+log = logging.getLogger("postgres_cdc.apply")
+
+# Times one table is redone when another writer commits it first.
+CONFLICT_ATTEMPTS = 5
+BATCH_ID_COLUMN = "_pgl_batch_id"
+
+
+@dataclass
+class TableResult:
+    """What one table's load or apply did (the job's JSON summary)."""
+
+    table: str
+    status: str  # "applied", "loaded", or "skipped" (already in the table: a re-run)
+    changes: int = 0
+    rows: int = 0  # loads only: a merge-on-read table's summary does not net out its deletes
+    seconds: float = 0.0
+
+
+def _table_columns(df: DataFrame) -> list[StructField]:
+    return [StructField(f.name, f.dataType, True) for f in df.schema.fields if not f.name.startswith("_pgl_")]
+
+
+def conform(df: DataFrame, schema: StructType) -> DataFrame:
+    """``df`` with exactly the table's columns and types (absent ones null): what a write must match."""
+    present = set(df.columns)
+    return df.select(
+        *[
+            (column(f.name) if f.name in present else sf.lit(None)).cast(f.dataType).alias(f.name)
+            for f in schema.fields
+        ]
+    )
+
+
+def _snapshot_id(table: Any) -> int | None:
+    snapshot = table.currentSnapshot()
+    return int(snapshot.snapshotId()) if snapshot is not None else None
+
+
+def _rows(table: Any) -> int:
+    snapshot = table.currentSnapshot() if table is not None else None
+    return int(snapshot.summary().get("total-records") or 0) if snapshot is not None else 0
+
+
+class ApplyJob:
+    """One manifest applied to the lake: the per-table steps and the cut that follows them."""
+
+    def __init__(
+        self, spark: SparkSession, tables: IcebergTables, manifest: Manifest, manifest_path: str
+    ) -> None:
+        self.spark = spark
+        self.tables = tables
+        self.manifest = manifest
+        self.base_dir = base_dir(manifest_path)
+
+    def summary(
+        self,
+        base_lsn: Lsn,
+        applied_end_lsn: Lsn,
+        source_columns: str | None = None,
+        *,
+        started: float,
+        counts: Mapping[str, int] | None = None,
+    ) -> dict[str, str]:
+        """The commit's summary: the batch and LSNs, and what it applied (``counts`` by staged
+        operation, from ``started``, an epoch time)."""
+        m = self.manifest
+        summary = lake.commit_summary(
+            slot=m.slot, kind=m.kind, batch_id=m.batch_id, start_lsn=m.start_lsn, end_lsn=m.end_lsn,
+            base_lsn=base_lsn, applied_end_lsn=applied_end_lsn,
+        )  # fmt: skip
+        batch_counts = (counts or {}) if m.kind == "batch" else None  # a load's rows: Iceberg's added-records
+        summary.update(lake.applied_summary(batch_counts, int(started * 1000), m.stats.newest_commit_time))
+        if source_columns is not None:
+            summary[lake.SOURCE_COLUMNS] = source_columns
+        return summary
+
+    def _staged(self, spec: TableManifest) -> DataFrame | None:
+        if not spec.files:
+            return None
+        return read_staged(self.spark, spec.qualified, [f"{self.base_dir}/{f}" for f in spec.files])
+
+    # ------------------------------------------------------------------------------ snapshot
+
+    def load_snapshot_table(self, spec: TableManifest) -> TableResult:
+        """Load (or re-load) one snapshot table in one commit; its base LSN is the consistent point.
+
+        A table never moves backwards: a snapshot at or below its base LSN (an old snapshot loaded
+        again) is skipped. When batches were applied past the consistent point meanwhile (the copy
+        ran while the CDC kept applying), their changes from the consistent point on are replayed
+        from the changelog on top of the snapshot, so the table ends where it was.
+        """
+        started, begun = time.monotonic(), time.time()
+        identifier = self.tables.config.identifier(spec.schema, spec.table)
+        table = self.tables.java_table(identifier)
+        previous = self.tables.state(table)
+        point = self.manifest.end_lsn
+        if previous is not None and point <= previous.base_lsn:
+            if previous.batch_id != self.manifest.batch_id:
+                log.warning(
+                    "%s: snapshot %s is not newer than the table's base LSN %s: skipped (never backwards)",
+                    spec.qualified, self.manifest.batch_id, previous.base_lsn,
+                )  # fmt: skip
+            return TableResult(spec.qualified, "skipped", rows=_rows(table))
+        rows = self._staged(spec)
+        if rows is None:
+            rows = self.spark.createDataFrame([], declared_schema(spec))
+        replayed, applied_end = 0, point
+        source_columns: str | None = encode_columns(
+            [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns if not is_sibling(c.name)]
+        )
+        if previous is not None and previous.applied_end_lsn > point:
+            rows, replayed = self._catch_up(spec, rows, previous.applied_end_lsn)
+            applied_end, source_columns = previous.applied_end_lsn, previous.source_columns
+        # A load's rows are in Iceberg's own summary (added-records, deleted-records).
+        summary = self.summary(point, applied_end, source_columns, started=begun)
+        keys = key_columns(spec, [c.name for c in _table_columns(rows)])
+        rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
+        if table is None:
+            self.tables.create(identifier, rows, summary, self.manifest.slot)
+        else:
+            retyped = self.tables.replace_column_types(identifier, _table_columns(rows))
+            changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
+            self.tables.retire_changelog_columns(changelog, retyped, f"__pgl_before_{int(point):016X}")
+            self.tables.evolve(identifier, _table_columns(rows))
+            current = table.currentSnapshot()  # as read above: a commit since then makes this one fail
+            read_snapshot = int(current.snapshotId()) if current is not None else None
+            self.tables.overwrite(
+                identifier, conform(rows, self.tables.schema(identifier)), summary, read_snapshot
+            )
+        loaded = self.tables.java_table(identifier)
+        # "changes": the logged changes replayed on top of the snapshot (0 unless batches were ahead).
+        return TableResult(spec.qualified, "loaded", replayed, _rows(loaded), time.monotonic() - started)
+
+    def _catch_up(self, spec: TableManifest, rows: DataFrame, until: Lsn) -> tuple[DataFrame, int]:
+        """The snapshot's rows with the changelog's changes in [consistent point, ``until``) applied.
+
+        Every change the table received at or above its base LSN is in its changelog once;
+        changes at or above the applied end belong to batches not applied yet.
+        """
+        changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
+        if self.tables.java_table(changelog) is None:
+            return rows, 0
+        point = self.manifest.end_lsn
+        logged = self.spark.table(self.tables.name(changelog))
+        changes = logged.where((sf.col(COMMIT_LSN) >= int(point)) & (sf.col(COMMIT_LSN) < int(until)))
+        changes = materialize(changes.drop(BATCH_ID_COLUMN))
+        count = changes.count()
+        log.info(
+            "%s: snapshot %s is older than the applied end %s: replaying %d logged change(s)",
+            spec.qualified, self.manifest.batch_id, until, count,
+        )  # fmt: skip
+        if not count:
+            return rows, 0
+        columns = _table_columns(changes)
+        if multiset.counts_rows(spec):
+            return materialize(multiset.replay(rows, changes, columns, spec.qualified)), count
+        keys = key_columns(spec, [c.name for c in columns])
+        net = net_effect(changes, columns, keys, rows)
+        kept = rows.limit(0) if net.truncated else rows
+        kept = kept.join(net.rows.select(ROW_KEY), key_struct(keys) == sf.col(ROW_KEY), "left_anti")
+        upserts = net.rows.where(sf.col(EVENT_KIND) == UPSERT).drop(EVENT_KIND, ROW_KEY)
+        return materialize(kept.unionByName(upserts, allowMissingColumns=True)), count
+
+    # --------------------------------------------------------------------------------- batch
+
+    def apply_batch_table(self, spec: TableManifest) -> TableResult:
+        """Merge one table's changes of a batch in one commit, after appending them to its changelog.
+
+        The schema is evolved first (a refused type change leaves no trace), then the changelog is
+        appended and the merge made; each checks the table's history first, so a re-run after a
+        crash between them does neither twice. The merge goes to a branch opened at the snapshot
+        the state was read from and main is fast-forwarded to it: a commit made since (a racing
+        load) makes the step redo. Changes below the table's base LSN are already in its snapshot
+        and are skipped: a snapshot at consistent point S holds exactly the transactions whose
+        commit record starts below S.
+        """
+        started, begun = time.monotonic(), time.time()
+        identifier = self.tables.config.identifier(spec.schema, spec.table)
+        table = self.tables.java_table(identifier)
+        state = self.tables.state(table)
+        end = self.manifest.end_lsn
+        if state is not None and end <= state.applied_end_lsn:
+            return TableResult(spec.qualified, "skipped")
+        base = state.base_lsn if state is not None else ZERO
+        steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, base)
+        staged = self._live_changes(spec, base)
+        if staged is None:
+            if table is not None:
+                summary = self.summary(base, end, steps.source_columns, started=begun)
+                self.tables.record(table, summary, _snapshot_id(table))
+            return TableResult(spec.qualified, "applied")
+        staged = steps.fill_staged(staged, self.spark)
+        changes = materialize(staged.where(sf.col(COMMIT_LSN) >= int(base)))
+        counts = {str(row[0]): int(row[1]) for row in changes.groupBy(OP).count().collect()}
+        count = sum(counts.values())
+        columns = _table_columns(changes)
+        if table is None:
+            log.warning(
+                "table %s has no snapshot load in the lake: creating it empty from this batch", spec.qualified
+            )
+            empty = self.spark.createDataFrame([], StructType(columns))
+            self.tables.create(identifier, empty, self.summary(ZERO, ZERO, started=begun), self.manifest.slot)
+            table = self.tables.java_table(identifier)
+        read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
+        lake_columns = self.tables.schema(identifier).fieldNames()
+        self.tables.evolve(identifier, columns)
+        self._append_changelog(spec, changes)
+        target = self.tables.name(identifier)
+        if read_snapshot is not None:
+            self.tables.open_branch(table, read_snapshot)
+            target = self.tables.branch_name(identifier)
+            steps.fill_lake(self.tables, target, lake_columns)  # published with the MERGE below
+        schema = self.tables.schema(identifier)
+        if multiset.counts_rows(spec):  # no key: a count per distinct row (spark/multiset.py)
+            live = multiset.live_columns(columns, spec)
+            effect = multiset.net_counts(changes, live, spec.qualified)
+            first = live[0].name
+            bounds = key_bounds(multiset.removals(effect, [first]), first, schema[first].dataType)
+            existing = self.spark.table(target)
+            sql = multiset.merge_statement(effect, existing, target, schema, live, spec.qualified, bounds)
+        else:
+            keys = key_columns(spec, [c.name for c in columns])
+            net = net_effect(changes, columns, keys, self.spark.table(target))
+            self._refuse_unfilled(spec, net)
+            rows = materialize(net.rows)  # read twice: its key range, then the MERGE
+            bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
+            sql = _merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
+        summary = self.summary(base, end, steps.source_columns, started=begun, counts=counts)
+        if sql is not None:
+            self.tables.merge(sql, summary)
+        if read_snapshot is not None:
+            self.tables.publish_branch(identifier)
+        merged = self.tables.java_table(identifier)
+        after = self.tables.state(merged)
+        if after is None or after.applied_end_lsn < end:  # the merge changed no file: no snapshot
+            self.tables.record(merged, summary, read_snapshot)
+        log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, time.monotonic() - started)
+        return TableResult(spec.qualified, "applied", count, seconds=time.monotonic() - started)
+
+    def _refuse_unfilled(self, spec: TableManifest, net: NetEffect) -> None:
+        """Stop before the MERGE when a row would get NULL for a value the source holds (see NetEffect)."""
+        lost = [] if net.unfilled is None else net.unfilled.limit(5).collect()
+        if lost:
+            shown = "; ".join(f"{row[ROW_KEY]} ({', '.join(row[UNFILLED])})" for row in lost)
+            raise resnapshot_needed(
+                spec, self.manifest.slot, self.base_dir,
+                "rows entered the publication's row filter through an UPDATE that left out-of-line "
+                f"(TOAST) values untouched: {shown}. PostgreSQL sends such an UPDATE as an INSERT "
+                "without those values, and the lake holds no earlier copy of the row",
+            )  # fmt: skip
+
+    def _live_changes(self, spec: TableManifest, base: Lsn) -> DataFrame | None:
+        """The staged changes, leaving out files that hold only changes below the base LSN when
+        their columns conflict (a type change a later re-snapshot already covers)."""
+        paths = [f"{self.base_dir}/{f}" for f in spec.files]
+        if not paths:
+            return None
+        try:
+            return read_staged(self.spark, spec.qualified, paths)
+        except SchemaConflictError:
+            live = files_reaching(self.spark, paths, int(base))
+            if len(live) == len(paths):
+                raise
+            log.info(
+                "%s: %d staged file(s) hold only changes below its base LSN",
+                spec.qualified,
+                len(paths) - len(live),
+            )
+            return read_staged(self.spark, spec.qualified, live) if live else None
+
+    def _append_changelog(self, spec: TableManifest, changes: DataFrame) -> None:
+        changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
+        table = self.tables.java_table(changelog)
+        m = self.manifest
+        if table is not None and lake.batch_committed(self.tables.history(table), m.slot, m.batch_id):
+            return
+        rows = changes.withColumn(BATCH_ID_COLUMN, sf.lit(m.batch_id))
+        self.tables.append(changelog, rows, self.summary(ZERO, m.end_lsn, started=time.time()))
+
+    # ----------------------------------------------------------------------------------- run
+
+    def run(self, specs: Sequence[TableManifest]) -> list[TableResult]:
+        step = self.load_snapshot_table if self.manifest.kind == "snapshot" else self.apply_batch_table
+        results = []
+        for spec in specs:
+            result = self._with_retries(step, spec)
+            log.info("%s %s: %s", self.manifest.batch_id, spec.qualified, result)
+            results.append(result)
+        self._tag_cut()
+        return results
+
+    @staticmethod
+    def _with_retries(step: Callable[[TableManifest], TableResult], spec: TableManifest) -> TableResult:
+        """Run one table's step; when another writer commits first, redo it from the new state."""
+        for attempt in range(1, CONFLICT_ATTEMPTS):
+            try:
+                return step(spec)
+            except (PySparkException, Py4JJavaError) as exc:
+                if not is_conflict(exc):
+                    raise
+                log.warning("%s: lost a commit race; redoing it from the new state (attempt %d)",
+                            spec.qualified, attempt + 1)  # fmt: skip
+        try:
+            return step(spec)
+        except (PySparkException, Py4JJavaError) as exc:
+            if not is_conflict(exc):
+                raise
+            raise ConcurrentWriteError(
+                f"{spec.qualified}: another writer committed the table first {CONFLICT_ATTEMPTS} times in a "
+                "row; nothing of this batch is acknowledged. Run the CDC apply and the re-snapshot loads of "
+                "one lake in one Airflow pool (the task groups' pool=), then re-run this task"
+            ) from exc
+
+    def _tag_cut(self) -> None:
+        """Tag the cut once every table of the manifest holds the batch (a partial run does not).
+
+        A cut is a position of the slot's stream: a batch's end, or the consistent point of a
+        snapshot the slot itself exported (initial, recovery). A re-snapshot's point (a temporary
+        slot's) falls inside some batch, where no table snapshot holds the source: no tag there.
+        """
+        m = self.manifest
+        if m.kind == "snapshot" and m.snapshot_slot not in (None, m.slot):
+            log.info(
+                "re-snapshot %s from slot %s: no cut at its consistent point", m.batch_id, m.snapshot_slot
+            )
+            return
+        for spec in m.tables:
+            state = self.tables.state(
+                self.tables.java_table(self.tables.config.identifier(spec.schema, spec.table))
+            )
+            if spec.files and (state is None or state.applied_end_lsn < m.end_lsn):
+                log.info("%s not applied yet: no cut tagged for %s", spec.qualified, m.batch_id)
+                return
+        created = self.tables.tag_cut(m.slot, m.end_lsn)
+        log.info("cut %s at %s: %d tag(s) created", lake.tag_name(m.end_lsn), m.end_lsn, created)
+
+
+def key_bounds(rows: DataFrame, key: str, dtype: DataType) -> tuple[str, str] | None:
+    """SQL literals of the lowest and highest first-key value of a batch's rows, or None.
+
+    None when a bound could not prune anything or not be written exactly: no rows, a null key
+    (REPLICA IDENTITY FULL rows match on null too), or a type without an exact literal here.
+    """
+    if not isinstance(dtype, (ByteType, ShortType, IntegerType, LongType, DecimalType, StringType, DateType)):
+        return None
+    field = sf.col(ROW_KEY).getField(key)
+    row = rows.agg(sf.min(field), sf.max(field), sf.count(sf.lit(1)), sf.count(field)).first()
+    if row is None or row[2] == 0 or row[2] != row[3]:
+        return None
+    return _literal(row[0], dtype), _literal(row[1], dtype)
+
+
+def _literal(value: Any, dtype: DataType) -> str:
+    if isinstance(dtype, StringType):  # bytes, so no quote or backslash in the name needs escaping
+        return f"CAST(X'{str(value).encode('utf-8').hex()}' AS STRING)"
+    if isinstance(dtype, DateType):
+        return f"DATE '{value.isoformat()}'"
+    return f"CAST('{value}' AS {dtype.simpleString()})"
+
+
+def _merge_sql(
+    target: str,
+    source: str,
+    schema: StructType,
+    columns: Sequence[StructField],
+    keys: Sequence[str],
+    truncated: bool,
+    bounds: tuple[str, str] | None = None,
+) -> str:
+    """One ``MERGE INTO`` of a batch's net effect: delete, update, insert, and for a TRUNCATE the rest.
+
+    Columns the batch does not carry (dropped at the source) are written as null in its rows.
+    ``bounds`` (the batch's first-key range) restrict the target rows the MERGE reads: no row
+    outside it can match, and with key-ordered files Iceberg skips every file outside it, so an
+    OLTP batch (recent keys) reads a few files however large the table is.
+    """
+    carried = {c.name for c in columns}
+
+    def value(name: str) -> str:
+        return f"s.{quote(name)}" if name in carried else "NULL"
+
+    on = " AND ".join(f"t.{quote(k)} <=> s.{ROW_KEY}.{quote(k)}" for k in keys)
+    if bounds is not None:
+        on += f" AND t.{quote(keys[0])} BETWEEN {bounds[0]} AND {bounds[1]}"
+    sets = ", ".join(f"t.{quote(f.name)} = {value(f.name)}" for f in schema.fields)
+    names = ", ".join(quote(f.name) for f in schema.fields)
+    values = ", ".join(value(f.name) for f in schema.fields)
+    kind = f"s.{EVENT_KIND}"
+    statement = (
+        f"MERGE INTO {target} t USING {source} s ON {on} "
+        f"WHEN MATCHED AND {kind} = 'D' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND {kind} = '{UPSERT}' THEN INSERT ({names}) VALUES ({values})"
+    )
+    return statement + (" WHEN NOT MATCHED BY SOURCE THEN DELETE" if truncated else "")
+
+
+def apply_manifest(
+    spark: SparkSession,
+    manifest_path: str,
+    config: LakeConfig,
+    tables: Sequence[str] | None = None,
+    write_mode: str = "merge-on-read",
+) -> list[TableResult]:
+    """Apply a snapshot or batch manifest to the lake; the Python entry point of the job.
+
+    ``tables`` (``schema.table`` names) restricts the run to some tables of the manifest; the cut
+    is tagged only once every table of the manifest holds the batch.
+    """
+    spark.conf.set("spark.sql.caseSensitive", "true")  # PostgreSQL names "ID" and "id" differ
+    lake_tables = IcebergTables(spark, config, write_mode)
+    manifest = load_manifest(spark, manifest_path)
+    specs = list(manifest.tables)
+    if tables:
+        wanted = set(tables)
+        unknown = wanted - {s.qualified for s in specs}
+        if unknown:
+            raise ApplyError(f"--tables names {sorted(unknown)} not in manifest {manifest_path}")
+        specs = [s for s in specs if s.qualified in wanted]
+    return ApplyJob(spark, lake_tables, manifest, manifest_path).run(specs)
+
+
+def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+    results = apply_manifest(spark, args.manifest, config, tables, args.write_mode)
+    return [{"manifest": args.manifest, "tables": [asdict(r) for r in results]}]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; returns the process exit status (0 ok, 2 user-actionable error, 1 unexpected)."""
+    parser = job_parser("apply_batch.py", (__doc__ or "").split("\n", 1)[0])
+    parser.add_argument(
+        "--manifest", required=True, help="path or URI of the batch's or snapshot's _manifest.json"
+    )
+    parser.add_argument("--tables", default="", help="comma-separated schema.table names (default: all)")
+    parser.add_argument("--write-mode", default="merge-on-read", help="row-level write mode of new tables")
+    return run_job(parser, _run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

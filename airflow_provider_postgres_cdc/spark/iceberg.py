@@ -1,0 +1,421 @@
+"""Iceberg tables through Spark's Iceberg runtime: every commit the apply job makes, in one place.
+
+Spark SQL does the data work (``MERGE INTO``, ``writeTo``); Iceberg's Java API, reached through
+py4j, does what SQL cannot say: commit properties on a ``MERGE`` (``CommitMetadata``, Iceberg's
+documented way), reading the snapshot history a table's pipeline state lives in, empty commits
+that record a batch with nothing to write, schema changes on names SQL would parse, and tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StructField,
+    StructType,
+)
+
+from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogError, SchemaConflictError
+from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState
+from airflow_provider_postgres_cdc.formats.layout import encode_name_part
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.spark.changes import OLD
+
+log = logging.getLogger("postgres_cdc.apply")
+
+WRITE_MODES = ("merge-on-read", "copy-on-write")
+TARGET_FILE_BYTES = 64 << 20
+MERGE_BRANCH = "pgl_merge"
+# Exceptions of a commit that lost to another writer (or whose outcome is unknown): the table's
+# state is read again and the work redone, which is safe because every step checks that state.
+# Fast-forwarding main to the merge branch fails with an IllegalArgumentException when main moved.
+_CONFLICTS = (
+    "ValidationException",
+    "CommitFailedException",
+    "CommitStateUnknownException",
+    "Cannot fast-forward: main is not an ancestor",
+)
+_INTEGRAL: dict[type[DataType], int] = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
+_FLOATING: dict[type[DataType], int] = {FloatType: 4, DoubleType: 8}
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier part: backticks, with backticks inside doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is Iceberg's optimistic-concurrency failure (redo the table) rather than a bug."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(name in text for name in _CONFLICTS)
+
+
+def widened(table_type: DataType, staged: DataType) -> DataType | None:
+    """The type a lake column must take to hold ``staged`` values; None when it already can.
+
+    Raises :class:`ValueError` when no promotion Iceberg allows gets there (int to long, float to
+    double, a larger decimal precision with the same scale; smaller integers are upcast on write).
+    """
+    if table_type == staged:
+        return None
+    for family in (_INTEGRAL, _FLOATING):
+        if type(table_type) not in family or type(staged) not in family:
+            continue
+        if family[type(staged)] <= family[type(table_type)]:
+            return None
+        return LongType() if family is _INTEGRAL else DoubleType()
+    decimals = isinstance(table_type, DecimalType) and isinstance(staged, DecimalType)
+    if decimals and table_type.scale == staged.scale:  # type: ignore[attr-defined]
+        return None if staged.precision <= table_type.precision else staged  # type: ignore[attr-defined]
+    raise ValueError(f"{table_type.simpleString()} cannot hold {staged.simpleString()}")
+
+
+class _Call:
+    """A ``java.util.concurrent.Callable`` running a Python function (py4j callback)."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+        self.error: BaseException | None = None
+
+    def call(self) -> int:
+        try:
+            self.fn()
+        except BaseException as exc:  # re-raised on the Python side with its own type
+            self.error = exc
+        return 0
+
+    class Java:
+        implements = ["java.util.concurrent.Callable"]
+
+
+class IcebergTables:
+    """The lake's tables in one Spark session: names, state, schema, commits and tags."""
+
+    def __init__(self, spark: SparkSession, config: LakeConfig, write_mode: str = "merge-on-read") -> None:
+        if write_mode not in WRITE_MODES:
+            raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
+        self.spark = spark
+        self.config = config
+        self.write_mode = write_mode
+        self._jvm: Any = spark._jvm
+        self._check_catalog()
+
+    def _check_catalog(self) -> None:
+        name = self.config.catalog
+        if self.spark.conf.get(f"spark.sql.catalog.{name}", None) is None:
+            raise CatalogError(
+                f"Spark has no catalog {name!r}: pass the lake's catalog properties to spark-submit "
+                f"(spark.sql.catalog.{name}=org.apache.iceberg.spark.SparkCatalog and its type, uri and "
+                "warehouse; the apply operator adds them from its lake connection) and the Iceberg "
+                "runtime jar"
+            )
+        try:
+            self.spark.sql(f"SHOW NAMESPACES IN {quote(name)}").collect()
+        except (PySparkException, Py4JJavaError) as exc:
+            raise CatalogError(
+                f"cannot reach Iceberg catalog {name!r} ({_first_line(exc)}): check its uri and credentials "
+                "and that the Iceberg runtime jar (and a JDBC driver for a JDBC catalog) is on spark.jars; "
+                "nothing was applied"
+            ) from exc
+
+    # ----------------------------------------------------------------------------------- names
+
+    def name(self, identifier: tuple[str, str]) -> str:
+        """``catalog.namespace.table`` quoted for Spark SQL."""
+        return ".".join(quote(part) for part in (self.config.catalog, *identifier))
+
+    def ensure_namespace(self, namespace: str) -> None:
+        self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.config.catalog)}.{quote(namespace)}")
+
+    # ----------------------------------------------------------------------------------- state
+
+    def java_table(self, identifier: tuple[str, str]) -> Any:
+        """Iceberg's ``Table`` for ``identifier``, refreshed; None when it does not exist."""
+        try:
+            table = self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+                self.spark._jsparkSession, self.name(identifier)
+            )
+        except (PySparkException, Py4JJavaError) as exc:
+            if "NoSuchTableException" in str(exc) or "TABLE_OR_VIEW_NOT_FOUND" in str(exc):
+                return None
+            raise
+        table.refresh()
+        return table
+
+    @staticmethod
+    def history(table: Any) -> Iterator[tuple[int, dict[str, str]]]:
+        """The main branch's snapshots, newest first, as (snapshot id, summary).
+
+        Lazy: each snapshot costs JVM round trips, and the state, the cut and the changelog check
+        stop at the first pipeline commit, however long the history is.
+        """
+        snapshot = table.currentSnapshot()
+        while snapshot is not None:
+            yield int(snapshot.snapshotId()), dict(snapshot.summary())
+            parent = snapshot.parentId()
+            snapshot = table.snapshot(parent) if parent is not None else None
+
+    def state(self, table: Any | None) -> TableState | None:
+        return None if table is None else lake.state_of(self.history(table))
+
+    def schema(self, identifier: tuple[str, str]) -> StructType:
+        return self.spark.table(self.name(identifier)).schema
+
+    # ---------------------------------------------------------------------------------- schema
+
+    def table_properties(self, slot: str) -> dict[str, str]:
+        """Properties of a new lake table: format v2, the write mode, the owning slot, file size.
+
+        Files of at most 64 MB, written in key order by the load, keep each file's key range narrow,
+        so a batch's MERGE reads only the files its key range overlaps (docs/LAKE.md).
+        """
+        properties = {
+            "format-version": "2",
+            lake.OWNER_PROPERTY: slot,
+            "write.target-file-size-bytes": str(TARGET_FILE_BYTES),
+        }
+        for operation in ("merge", "update", "delete"):
+            properties[f"write.{operation}.mode"] = self.write_mode
+        return properties
+
+    def evolve(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> None:
+        """Add the batch's new columns and widen promoted ones before its data is merged.
+
+        A type the lake column cannot be promoted to stops the table with a message naming the
+        column and the fix: guessing a cast could lose data silently.
+        """
+        table = self.java_table(identifier)
+        current = {f.name: f.dataType for f in self.schema(identifier).fields}
+        update = table.updateSchema()
+        changed = False
+        for field in incoming:
+            if field.name not in current:
+                update = update.addColumn(None, field.name, self._iceberg_type(field.dataType))
+                changed = True
+                continue
+            try:
+                target = widened(current[field.name], field.dataType)
+            except ValueError as exc:
+                raise SchemaConflictError(
+                    f"table {self.name(identifier)}: column {field.name!r} changed type ({exc}), which "
+                    f"Iceberg cannot promote; re-snapshot the table ({BACKFILL}: the load "
+                    "replaces the column with the new type), or revert the type change. Nothing of this "
+                    "batch was applied."
+                ) from None
+            if target is not None:
+                update = update.updateColumn(field.name, self._iceberg_type(target))
+                changed = True
+        if changed:
+            update.commit()
+            log.info("%s: schema evolved for %s", self.name(identifier), [f.name for f in incoming])
+
+    def replace_column_types(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> list[str]:
+        """For a snapshot load: columns whose type cannot be promoted are dropped (re-added by
+        :meth:`evolve` with the new type); returns their names.
+
+        The load overwrites every row right after, so the column's old values are not needed;
+        readers see the column empty between the two commits.
+        """
+        current = {f.name: f.dataType for f in self.schema(identifier).fields}
+        stale = []
+        for field in incoming:
+            if field.name in current:
+                try:
+                    widened(current[field.name], field.dataType)
+                except ValueError:
+                    stale.append(field.name)
+        if stale:
+            table = self.java_table(identifier)
+            update = table.updateSchema()
+            for name in stale:
+                update = update.deleteColumn(name)
+            update.commit()
+            log.warning(
+                "%s: columns %s changed type; reloaded with the new type", self.name(identifier), stale
+            )
+        return stale
+
+    def retire_changelog_columns(self, changelog: tuple[str, str], names: Sequence[str], suffix: str) -> None:
+        """Rename changelog columns (and their ``_pgl_old`` fields) whose type the source changed.
+
+        The changelog keeps its history under ``<name><suffix>``, and later batches append the
+        column again with its new type (Iceberg cannot change the type in place).
+        """
+        table = self.java_table(changelog)
+        if table is None or not names:
+            return
+        schema = table.schema()
+        update = table.updateSchema()
+        for name in names:
+            for path in (name, f"{OLD}.{name}"):
+                if schema.findField(path) is not None:
+                    update = update.renameColumn(path, name + suffix)
+        update.commit()
+
+    def _iceberg_type(self, dtype: DataType) -> Any:
+        jtype = self.spark._jsparkSession.parseDataType(dtype.json())
+        return self._jvm.org.apache.iceberg.spark.SparkSchemaUtil.convert(jtype)
+
+    # --------------------------------------------------------------------------------- commits
+
+    def _commit_options(self, summary: Mapping[str, str]) -> dict[str, str]:
+        return {f"snapshot-property.{key}": value for key, value in summary.items()}
+
+    def create(
+        self, identifier: tuple[str, str], rows: DataFrame, summary: Mapping[str, str], slot: str
+    ) -> None:
+        """Create the table with its first rows in one commit (an atomic CREATE TABLE AS SELECT)."""
+        self.ensure_namespace(identifier[0])
+        writer = rows.writeTo(self.name(identifier)).using("iceberg").options(**self._commit_options(summary))
+        for key, value in self.table_properties(slot).items():
+            writer = writer.tableProperty(key, value)
+        writer.create()
+
+    def overwrite(
+        self,
+        identifier: tuple[str, str],
+        rows: DataFrame,
+        summary: Mapping[str, str],
+        read_snapshot: int | None,
+    ) -> None:
+        """Replace every row in one commit that fails if anyone committed since ``read_snapshot``."""
+        options = self._commit_options(summary)
+        options["isolation-level"] = "serializable"
+        if read_snapshot is not None:
+            options["validate-from-snapshot-id"] = str(read_snapshot)
+        rows.writeTo(self.name(identifier)).options(**options).overwrite(sf.lit(True))
+
+    def append(self, identifier: tuple[str, str], rows: DataFrame, summary: Mapping[str, str]) -> None:
+        """Append rows (the changelog), creating the table or adding new columns as needed."""
+        # New columns land after the ``_pgl_*`` ones in the table: match by name, not position.
+        options = {**self._commit_options(summary), "mergeSchema": "true", "check-ordering": "false"}
+        if self.java_table(identifier) is None:
+            self.ensure_namespace(identifier[0])
+            rows.writeTo(self.name(identifier)).using("iceberg").tableProperty(
+                "format-version", "2"
+            ).tableProperty("write.spark.accept-any-schema", "true").options(**options).create()
+        else:
+            rows.writeTo(self.name(identifier)).options(**options).append()
+
+    def branch_name(self, identifier: tuple[str, str]) -> str:
+        """The table's merge branch as Spark SQL names it (``<table>.branch_<name>``)."""
+        return f"{self.name(identifier)}.{quote('branch_' + MERGE_BRANCH)}"
+
+    def open_branch(self, table: Any, snapshot_id: int) -> None:
+        """Point the merge branch at ``snapshot_id``: the snapshot the batch's state was read from.
+
+        A MERGE validates only against commits made after it planned; merging into this branch and
+        fast-forwarding main to it (:meth:`publish_branch`) also refuses commits made since the
+        state was read (a re-snapshot load in between would otherwise get the batch's old base LSN).
+        """
+        manage = table.manageSnapshots()
+        if table.refs().containsKey(MERGE_BRANCH):  # left by a crashed run
+            manage.replaceBranch(MERGE_BRANCH, snapshot_id).commit()
+        else:
+            manage.createBranch(MERGE_BRANCH, snapshot_id).commit()
+
+    def publish_branch(self, identifier: tuple[str, str]) -> None:
+        """Fast-forward main to the merge branch and remove it, in one commit.
+
+        Fails with Iceberg's ``ValidationException`` when main moved since the branch was opened.
+        """
+        table = self.java_table(identifier)
+        table.manageSnapshots().fastForwardBranch("main", MERGE_BRANCH).removeBranch(MERGE_BRANCH).commit()
+
+    def merge(self, sql: str, summary: Mapping[str, str]) -> None:
+        """Run a ``MERGE INTO`` whose commit carries ``summary`` in its snapshot (CommitMetadata)."""
+        props = self._jvm.java.util.HashMap()
+        for key, value in summary.items():
+            props.put(key, value)
+        from pyspark.java_gateway import ensure_callback_server_started
+
+        ensure_callback_server_started(self.spark.sparkContext._gateway)  # type: ignore[no-untyped-call]
+        call = _Call(lambda: self.spark.sql(sql))
+        error_class = self._jvm.java.lang.Class.forName("java.lang.RuntimeException")
+        self._jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, call, error_class)
+        if call.error is not None:
+            raise call.error
+
+    def record(self, table: Any, summary: Mapping[str, str], read_snapshot: int | None) -> None:
+        """An empty commit carrying ``summary``: a batch with nothing to write still moves the state.
+
+        It fails like a data commit if anyone committed data since ``read_snapshot``, the snapshot
+        the batch read its state from (a racing load would otherwise get this older view's base).
+        """
+        expressions = self._jvm.org.apache.iceberg.expressions.Expressions
+        commit = table.newOverwrite().conflictDetectionFilter(expressions.alwaysTrue())
+        if read_snapshot is not None:
+            commit = commit.validateFromSnapshot(read_snapshot)
+        commit = commit.validateNoConflictingData().validateNoConflictingDeletes()
+        for key, value in summary.items():
+            commit = commit.set(key, value)
+        commit.commit()
+
+    # ------------------------------------------------------------------------------------ tags
+
+    def owned_tables(self, slot: str) -> list[tuple[str, str]]:
+        """Every data table of the lake that ``slot``'s pipeline owns (table property)."""
+        prefix = encode_name_part(self.config.namespace_prefix)
+        owned = []
+        # The catalog's own listing: names as they are (SHOW NAMESPACES quotes the ones needing it).
+        catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.config.catalog)
+        for levels in catalog.listNamespaces():
+            if len(levels) != 1 or not str(levels[0]).startswith(prefix):
+                continue
+            for ident in catalog.listTables(levels):
+                name = str(ident.name())
+                if name.endswith(lake.CHANGELOG_SUFFIX):
+                    continue
+                table = self.java_table((str(levels[0]), name))
+                if table is not None and table.properties().get(lake.OWNER_PROPERTY) == slot:
+                    owned.append((str(levels[0]), name))
+        return owned
+
+    def tag_cut(self, slot: str, end_lsn: Lsn) -> int:
+        """Tag every owned table at its snapshot as of ``end_lsn``; returns the tags created.
+
+        Idempotent: an existing tag is kept. A table with no pipeline commit by then is left out.
+        """
+        name = lake.tag_name(end_lsn)
+        created = 0
+        for identifier in self.owned_tables(slot):
+            table = self.java_table(identifier)
+            if table.refs().containsKey(name):
+                continue
+            snapshot_id = lake.snapshot_at(self.history(table), end_lsn)
+            if snapshot_id is None:
+                continue
+            table.manageSnapshots().createTag(name, snapshot_id).commit()
+            created += 1
+        return created
+
+
+def temp_view(df: DataFrame) -> str:
+    """Register ``df`` under a fresh temporary view name."""
+    name = f"pgl_src_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(name)
+    return name
+
+
+def _first_line(exc: BaseException) -> str:
+    """The root cause of a (Java) exception in one line: its last ``Caused by``, else its first line."""
+    lines = str(exc).strip().splitlines()
+    causes = [line.split("Caused by:", 1)[1].strip() for line in lines if "Caused by:" in line]
+    text = causes[-1] if causes else (lines[0] if lines else type(exc).__name__)
+    return text[:300]

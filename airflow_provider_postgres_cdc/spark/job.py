@@ -1,0 +1,81 @@
+"""The command-line frame every Spark job of the package shares: arguments, session, exit status.
+
+Exit status 0 on success (the job's JSON lines on stdout), 2 on an error a user must act on (a
+:class:`PostgresCdcError`: message on stderr), 1 on anything unexpected (traceback on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from airflow_provider_postgres_cdc.errors import PostgresCdcError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
+
+JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
+
+
+def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the lake's arguments, which every job takes."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--catalog", required=True, help="the Spark catalog name of the Iceberg lake")
+    parser.add_argument("--namespace-prefix", default="", help="prefix of the lake namespaces (default none)")
+    return parser
+
+
+def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run ``body`` in the session spark-submit made, print its JSON lines."""
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    started_here = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
+    spark = SparkSession.builder.appName(parser.prog).getOrCreate()
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    checkpoints = _use_checkpoint_dir(spark)
+    try:
+        config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix)
+        for line in body(spark, config, args):
+            print(json.dumps(line))
+        return 0
+    except PostgresCdcError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception:
+        print(f"{parser.prog}: unexpected failure:\n{traceback.format_exc()}", file=sys.stderr)
+        return 1
+    finally:
+        if checkpoints is not None:
+            _delete(spark, checkpoints)
+        if started_here:
+            spark.stop()
+
+
+def _use_checkpoint_dir(spark: SparkSession) -> str | None:
+    """Reliable checkpoints under ``spark.postgres_cdc.checkpointDir`` when set (``changes.materialize``).
+
+    Spark makes a directory of its own under it for this application; that one is returned, to be
+    deleted when the job ends (the checkpoints only serve the job's own stages).
+    """
+    root = spark.conf.get(CHECKPOINT_DIR_CONF, "") or ""
+    if not root:
+        return None
+    context = spark.sparkContext
+    context.setCheckpointDir(root)
+    return context.getCheckpointDir()
+
+
+def _delete(spark: SparkSession, directory: str) -> None:
+    """Delete ``directory`` on whatever Hadoop file system it is (best effort: it holds only scratch)."""
+    jvm: Any = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(directory)
+    try:
+        path.getFileSystem(spark._jsc.hadoopConfiguration()).delete(path, True)  # type: ignore[union-attr]
+    except Exception as exc:  # the job's outcome does not depend on its scratch space
+        logging.getLogger(__name__).warning("could not delete checkpoint directory %s: %s", directory, exc)

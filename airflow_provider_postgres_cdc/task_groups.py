@@ -1,0 +1,202 @@
+"""``cdc_microbatch_task_group``: the micro-batch pipeline of one slot as one call in a DAG.
+
+    [wait_for_lag] -> drain -> apply -> ack
+
+* ``wait_for_lag`` (optional) is a :class:`PostgresCdcSlotLagSensor`, which also fails loudly when
+  the slot's WAL is at risk or lost;
+* ``drain`` stages one bounded batch and never moves the slot;
+* ``apply`` submits the Spark apply job for that batch (idempotent, skipped when the batch is empty);
+* ``ack`` advances the slot only once every lake table of the batch has committed it.
+
+``snapshot_task_group`` copies tables at one consistent point and loads them, for an initial
+snapshot (``slot_mode="create"``), a reload of tables of a running pipeline from a temporary slot
+(``"temporary"``: backfills, added tables) or the recovery of a lost slot (``"recover"``):
+
+    [publish] -> snapshot -> load
+
+A lake table has two writers then: the CDC ``apply`` and the re-snapshot ``load``. Both commit
+through Iceberg's optimistic concurrency, and the loser of a race redoes the table from the
+winner's commit (docs/LAKE.md), so neither can undo the other. To keep them from even computing
+at once, give both groups the same one-slot Airflow ``pool`` (``airflow pools set postgres_cdc_lake
+1 "..."``); a pool that does not exist keeps its tasks from ever being scheduled, so create it
+first.
+
+Run the DAG with ``max_active_runs=1``: a slot has one consumer at a time (a second drain on an
+active slot is refused), and each run must start where the previous ack left the slot. A run
+that failed after its drain is simply run again (or the next run does it): the slot has not
+moved, so the drain finds its own staged batch, the apply skips the tables that already hold the batch,
+and the ack completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import Param, TaskGroup
+
+from airflow_provider_postgres_cdc.engine.snapshot import SlotMode
+from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
+from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
+from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
+from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperator
+from airflow_provider_postgres_cdc.operators.publication import PostgresCdcPublishTablesOperator
+from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+
+
+def pipeline_params(**extra: Param) -> dict[str, Param]:
+    """The DAG params every Postgres CDC pipeline DAG takes, so one ``--conf`` drives them all."""
+    return {
+        "postgres_conn_id": Param("postgres_default", type="string"),
+        "publications": Param("postgres_cdc_pub", type="string"),
+        "slot_name": Param("postgres_cdc_slot", type="string"),
+        "staging": Param("/tmp/postgres-cdc/staging", type="string"),
+        "lake_conn_id": Param(PostgresCdcLakeHook.default_conn_name, type="string"),
+        "spark_conn_id": Param("spark_default", type="string"),
+        **extra,
+    }
+
+
+def cdc_microbatch_task_group(
+    *,
+    slot_name: str,
+    publications: str | Sequence[str],
+    staging: str,
+    lake_conn_id: str = PostgresCdcLakeHook.default_conn_name,
+    group_id: str = "postgres_cdc",
+    postgres_conn_id: str = PostgresCdcHook.default_conn_name,
+    spark_conn_id: str = "spark_default",
+    transport: str = "peek",
+    max_messages: int | str | None = 1_000_000,
+    lag_sensor: Mapping[str, Any] | None = None,
+    spark_conf: Mapping[str, Any] | None = None,
+    spark_env_vars: Mapping[str, Any] | None = None,
+    spark_binary: str | None = None,
+    pool: str | None = None,
+    staging_conn_id: str | None = None,
+) -> TaskGroup:
+    """Build the group inside the current DAG context; every string argument may be a template.
+
+    :param lag_sensor: keyword arguments of :class:`PostgresCdcSlotLagSensor` (for example
+        ``{"min_lag_bytes": 16 << 20, "mode": "reschedule"}``); ``None`` leaves the sensor out.
+    :param pool: Airflow pool of the ``apply`` task; share it with the lake's re-snapshot loads.
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (endpoint and keys),
+        for the drain, the apply's manifest read and the ack; ``None``: pyarrow's environment chain.
+    """
+    from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+
+    with TaskGroup(group_id=group_id) as group:
+        drain = PostgresCdcDrainOperator(
+            task_id="drain",
+            slot_name=slot_name,
+            publications=publications,
+            staging=staging,
+            postgres_conn_id=postgres_conn_id,
+            transport=transport,  # type: ignore[arg-type]
+            max_messages=max_messages,  # type: ignore[arg-type]
+            staging_conn_id=staging_conn_id,
+        )
+        manifest = f"{{{{ ti.xcom_pull(task_ids='{drain.task_id}')['manifest'] }}}}"
+        apply = PostgresCdcSparkApplyOperator(
+            task_id="apply",
+            manifest=manifest,
+            lake_conn_id=lake_conn_id,
+            spark_conn_id=spark_conn_id,
+            conf=dict(spark_conf or {}),
+            env_vars=dict(spark_env_vars or {}),
+            spark_binary=spark_binary,
+            staging_conn_id=staging_conn_id,
+            **_pool(pool),
+        )
+        ack = PostgresCdcAckOperator(
+            task_id="ack",
+            slot_name=slot_name,
+            manifest=manifest,
+            lake_conn_id=lake_conn_id,
+            postgres_conn_id=postgres_conn_id,
+            staging_conn_id=staging_conn_id,
+        )
+        drain >> apply >> ack
+        if lag_sensor is not None:
+            from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
+
+            wait = PostgresCdcSlotLagSensor(
+                task_id="wait_for_lag", slot_name=slot_name, postgres_conn_id=postgres_conn_id, **lag_sensor
+            )
+            wait >> drain
+    return group
+
+
+def snapshot_task_group(
+    *,
+    slot_mode: SlotMode,
+    slot_name: str,
+    publications: str | Sequence[str],
+    staging: str,
+    lake_conn_id: str = PostgresCdcLakeHook.default_conn_name,
+    tables: str | Sequence[str] = (),
+    publish: str | Sequence[str | Mapping[str, Any]] | None = None,
+    group_id: str = "postgres_cdc_snapshot",
+    postgres_conn_id: str = PostgresCdcHook.default_conn_name,
+    spark_conn_id: str = "spark_default",
+    spark_conf: Mapping[str, Any] | None = None,
+    spark_env_vars: Mapping[str, Any] | None = None,
+    spark_binary: str | None = None,
+    pool: str | None = None,
+    staging_conn_id: str | None = None,
+) -> TaskGroup:
+    """Snapshot tables and load them; ``slot_mode`` as :class:`PostgresCdcSnapshotOperator` takes it.
+
+    With ``"temporary"`` the pipeline's slot is untouched: each loaded table's base LSN becomes the
+    new consistent point, later batches skip its changes below it, and batches the CDC applied
+    past it meanwhile are replayed from the changelog.
+
+    :param tables: ``schema.table`` names to re-snapshot (a template rendering to a list, with
+        the DAG's ``render_template_as_native_obj=True``); empty: every published table.
+        Entries may also be ``publish`` objects (their ``table`` is used).
+    :param publish: tables to add to the first publication first (``"schema.table"`` or
+        ``{"table", "columns", "row_filter"}``); ``None`` leaves the task out. Include them in
+        ``tables`` too, or leave ``tables`` empty.
+    :param pool: Airflow pool of the ``load`` task; share it with the pipeline's CDC apply.
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store.
+    """
+    from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+
+    with TaskGroup(group_id=group_id) as group:
+        snapshot = PostgresCdcSnapshotOperator(
+            task_id="snapshot",
+            slot_name=slot_name,
+            publications=publications,
+            staging=staging,
+            tables=tables,  # type: ignore[arg-type]
+            slot_mode=slot_mode,
+            postgres_conn_id=postgres_conn_id,
+            staging_conn_id=staging_conn_id,
+        )
+        load = PostgresCdcSparkApplyOperator(
+            task_id="load",
+            manifest=f"{{{{ ti.xcom_pull(task_ids='{snapshot.task_id}')['manifest'] }}}}",
+            lake_conn_id=lake_conn_id,
+            spark_conn_id=spark_conn_id,
+            conf=dict(spark_conf or {}),
+            env_vars=dict(spark_env_vars or {}),
+            spark_binary=spark_binary,
+            staging_conn_id=staging_conn_id,
+            **_pool(pool),
+        )
+        snapshot >> load
+        if publish is not None:
+            first = publications if isinstance(publications, str) else publications[0]
+            add = PostgresCdcPublishTablesOperator(
+                task_id="publish",
+                publication=first,
+                tables=publish,  # type: ignore[arg-type]
+                postgres_conn_id=postgres_conn_id,
+            )
+            add >> snapshot
+    return group
+
+
+def _pool(pool: str | None) -> dict[str, str]:
+    """``pool=`` only when one is named, so Airflow's default pool applies otherwise."""
+    return {"pool": pool} if pool else {}

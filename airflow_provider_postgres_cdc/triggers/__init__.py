@@ -1,0 +1,1 @@
+"""Deferrable triggers of the Postgres CDC provider (run by the Airflow triggerer)."""
