@@ -17,15 +17,32 @@ ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.j
 export POSTGRES_CDC_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars browser lint test test-fast test-cluster soak e2e-on-lag demo clean
+.PHONY: venv lake-jars browser lint test test-floor test-fast test-cluster soak e2e-on-lag demo clean
+
+# The newest Airflow the whole suite runs on, and the oldest the package declares (pyproject's
+# floor), on which the unit suite runs too.
+AIRFLOW_NEWEST := 3.3.2
+AIRFLOW_FLOOR := 3.3.0
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test]' 'apache-airflow==$(AIRFLOW_NEWEST)'
 	touch $@
 
 venv: $(STAMP)
+
+FLOOR_VENV := .venv-airflow-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+$(FLOOR_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -e '.[test]' 'apache-airflow==$(AIRFLOW_FLOOR)'
+	touch $@
+
+# The unit suite on the Airflow floor (about a minute: the install is mostly the pip cache).
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -m pytest tests/unit -q -n $(WORKERS) -p no:cacheprovider
 
 $(DEBIAN_JARS):
 	$(SUDO) apt-get update -qq
@@ -57,7 +74,7 @@ lint: venv
 # PostgreSQL clusters and Spark session. Two on two cores: most of a test's time is spent waiting
 # (on JVM and Airflow start-ups, a scheduler's loop, a server), not computing.
 WORKERS ?= 2
-test: lint lake-jars $(CHROMIUM)
+test: lint test-floor lake-jars $(CHROMIUM)
 	$(BIN)/python -m pytest -m "not cluster" -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The pipeline on a Spark standalone cluster (two one-core workers, started by the tests): the
@@ -87,4 +104,4 @@ demo: venv lake-jars
 	$(BIN)/python -m airflow_provider_postgres_cdc.demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .mypy_cache .ruff_cache

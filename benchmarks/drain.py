@@ -5,9 +5,9 @@
 * ``SELECT count(*) FROM pg_logical_slot_peek_binary_changes(...)``: the server's own decoding
   speed through the SQL interface, the floor under any peek-based drain.
 
-Targets: at least 2.5x pg_recvlogical (issue 5); at least 0.6x the SQL peek count in every run,
-aiming for 0.8x (issue 16). The peek materialises the whole window on the server before its
-first row leaves, so the client's work after that adds to the server's time one for one.
+It prints both ratios (docs/PERFORMANCE.md has the ranges measured so far). The peek
+materialises the whole window on the server before its first row leaves, so the client's work
+after that adds to the server's time one for one.
 
     .venv/bin/python benchmarks/drain.py [--changes 1000000] [--transport peek|stream]
 """

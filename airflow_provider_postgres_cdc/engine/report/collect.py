@@ -5,7 +5,7 @@ Where the numbers come from, so nothing new is stored for the report:
 - the slot now: :func:`~airflow_provider_postgres_cdc.engine.health.assess_slot` (lag in bytes, its
   age when publications are given, ``wal_status`` and ``safe_wal_size``);
 - the batches: every pipeline commit of every pipeline table carries its batch id, LSN window and
-  (issue 22) the changes it applied, when the job started the table and the newest source commit
+  the changes it applied, when the job started the table and the newest source commit
   time; a batch is the union of its tables' commits. Commits written before those keys existed
   show "unknown", except the change count, which the table's changelog commit also records (its
   ``added-records``: every change lands in the changelog exactly once);

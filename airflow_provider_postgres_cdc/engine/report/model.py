@@ -38,7 +38,7 @@ class AckPoint:
 
     @classmethod
     def from_event(cls, extra: Mapping[str, Any], fallback_time: datetime) -> AckPoint | None:
-        """From a cut event's ``extra`` (issue 22's keys); None when it names no end LSN."""
+        """From a cut event's ``extra`` (the ack's summary keys); None when it names no end LSN."""
         end_lsn = extra.get("end_lsn") or extra.get("lsn")
         if not isinstance(end_lsn, str):
             return None

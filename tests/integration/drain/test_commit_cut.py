@@ -107,8 +107,8 @@ def _inserts(first: int, last: int) -> list[Change]:
 def test_message_limit_inside_a_streamed_transaction_takes_it_whole(
     streaming_cluster: PostgresCluster, db: str, tmp_path: Path, transport: str
 ) -> None:
-    """Issue 16's loss: the server streams the 20,000 inserts in blocks, the limit falls inside
-    them; the batch used to stage nothing and end past the commit, skipping every row."""
+    """A loss this guards against: the server streams the 20,000 inserts in blocks, the limit falls
+    inside them; the batch used to stage nothing and end past the commit, skipping every row."""
     streaming_cluster.execute(
         "INSERT INTO items SELECT g, repeat('x', 50) FROM generate_series(1, 20000) g", db
     )

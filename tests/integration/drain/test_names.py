@@ -1,4 +1,4 @@
-"""Publication and table names that need quoting reach pgoutput intact, on both transports (issue 13, item 8).
+"""Publication and table names that need quoting reach pgoutput intact, on both transports.
 
 pgoutput splits ``publication_names`` as a list of SQL identifiers: unquoted, ``Probe Pub`` is
 folded and split in two and the slot's startup callback fails; ``a,b`` becomes two publications.

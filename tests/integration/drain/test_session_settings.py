@@ -1,4 +1,4 @@
-"""The settings the text decoding depends on are set on every connection, never assumed (issue 13, item 7).
+"""The settings the text decoding depends on are set on every connection, never assumed.
 
 The database's defaults are set to the least convenient values PostgreSQL allows; the snapshot
 and both drain transports must still stage exact values.

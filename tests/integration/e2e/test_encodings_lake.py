@@ -1,4 +1,4 @@
-"""A LATIN1 and a SQL_ASCII database end in the lake equal to their source (issue 13, item 6).
+"""A LATIN1 and a SQL_ASCII database end in the lake equal to their source.
 
 Snapshot and one drained batch (inserts, an update, a delete; non-ASCII names and values) are
 applied by the apply job's ``apply_manifest`` in the shared Spark session (the job spark-submit

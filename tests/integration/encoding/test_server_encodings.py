@@ -1,4 +1,4 @@
-"""Databases in other server encodings reach the lake as exact Unicode (issue 13, item 6).
+"""Databases in other server encodings reach the lake as exact Unicode.
 
 Every connection asks for ``client_encoding=UTF8``, so the server converts LATIN1, WIN1252 and
 EUC_JP text, values and names alike, for the snapshot's COPY, the SQL peek and the stream. A

@@ -1,7 +1,7 @@
 """Least privilege and secrets: the whole pipeline run as a password-protected replication role.
 
 The role has only ``LOGIN REPLICATION`` and ``SELECT`` on the published tables: no superuser,
-no ownership, no ``CREATE`` on the database (issue 15, items 2 and 3). It runs the initial
+no ownership, no ``CREATE`` on the database. It runs the initial
 snapshot, the CDC DAG (lag sensor, drain, apply, ack) and a re-snapshot of one table through real
 ``airflow dags test``, and the lake must end equal to the source. Its password must then appear
 nowhere: not in the DAG runs' output, the task logs, the Airflow metadata database (XCom), the

@@ -1,4 +1,4 @@
-"""The type matrix of docs/TYPES.md, measured (issue 13, item 9): it cannot go stale.
+"""The type matrix of docs/TYPES.md, measured: it cannot go stale.
 
 One table on the real server has a column per type (the built-ins, an enum, a domain, a
 composite, a range and arrays) with sample values, edge cases included. Its rows go through the

@@ -1,4 +1,4 @@
-"""Values a lake type cannot hold, and ``time``, through snapshot and CDC into Iceberg (issue 13, items 4, 5).
+"""Values a lake type cannot hold, and ``time``, through snapshot and CDC into Iceberg.
 
 Real PostgreSQL, the real drain, the real apply job in the test's Spark session. Every value the
 typed column cannot hold (±infinity, BC, year 10000, NaN/±Infinity in numeric(p,s), arrays with

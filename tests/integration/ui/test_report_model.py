@@ -1,7 +1,7 @@
 """The pipeline report against a real PostgreSQL slot and a real Iceberg lake (pyiceberg, no Spark).
 
 The lake is written here the way the apply job writes it (pipeline commit summaries, the
-changelog, cut tags), with issue 22's keys on one table and without them on another, so the
+changelog, cut tags), with the ack's summary keys on one table and without them on another, so the
 report's arithmetic (changes, apply seconds, latency) and its degradation to "unknown" are both
 checked. Every bad input ends as a sentence in the report, never an exception.
 """
@@ -45,7 +45,7 @@ def _summary(kind: str, batch: str, start: Lsn, end: Lsn, base: Lsn, **extra: st
 
 
 def build_lake(root: Path) -> LakeConfig:
-    """orders (issue 22 keys) and items (older commits: changelog only), both tagged at B1_END."""
+    """orders (with the summary keys) and items (older commits: changelog only), both tagged at B1_END."""
     config = local_lake(str(root))
     (root / "warehouse").mkdir(parents=True, exist_ok=True)
     catalog = load_catalog(config.catalog, **pyiceberg_properties(config))

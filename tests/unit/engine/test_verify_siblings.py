@@ -1,4 +1,4 @@
-"""verify counts overflow siblings as part of the row (issue 13, item 4): absent on one side = NULL."""
+"""verify counts overflow siblings as part of the row: absent on one side = NULL."""
 
 from __future__ import annotations
 
