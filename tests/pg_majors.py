@@ -12,7 +12,7 @@ from functools import cache
 
 import pytest
 
-from airflow_provider_postgres_cdc.errors import PostgresNotFoundError
+from airflow_provider_postgres_cdc.testing.errors import PostgresNotFoundError
 from airflow_provider_postgres_cdc.testing.pg_binaries import bindir_major, find_postgres_bindir
 
 DEFAULT = "default"

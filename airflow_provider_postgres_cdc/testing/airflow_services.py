@@ -1,8 +1,9 @@
 """The Airflow components a sandbox needs to run DAGs the way production does: scheduler and API server.
 
-:class:`AirflowServices` starts them as subprocesses for an :class:`~.airflow_cli.AirflowSandbox`,
-drives backfills and re-runs of past runs through the CLI and the REST API, and reports the runs
-as :class:`DagRunRecord` values in a :class:`SchedulerResult`.
+:class:`AirflowServices` starts them as subprocesses in an :class:`~.airflow_home.AirflowHome` (an
+:class:`~.airflow_cli.AirflowSandbox`), drives backfills and re-runs of past runs through the CLI
+and the REST API, and reports the runs as :class:`~.airflow_runs.DagRunRecord` values in a
+:class:`~.airflow_runs.SchedulerResult`.
 """
 
 from __future__ import annotations
@@ -19,31 +20,21 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow_provider_postgres_cdc.errors import AirflowApiError
+from airflow_provider_postgres_cdc.testing.airflow_home import AirflowHome
+from airflow_provider_postgres_cdc.testing.airflow_runs import (
+    FINISHED_RUN_STATES,
+    DagRunRecord,
+    SchedulerResult,
+    parse_time,
+)
+from airflow_provider_postgres_cdc.testing.errors import AirflowApiError
 from airflow_provider_postgres_cdc.testing.processes import free_port, terminate_process_groups
 
-if TYPE_CHECKING:
-    from airflow_provider_postgres_cdc.testing.airflow_cli import AirflowSandbox
-
-__all__ = ["FINISHED_RUN_STATES", "AirflowApiError", "AirflowServices", "DagRunRecord", "SchedulerResult"]
-
-FINISHED_RUN_STATES = frozenset({"success", "failed"})
-
-
-def _parse_time(value: object) -> datetime | None:
-    """An API timestamp (``...Z`` or ``+00:00``) as an aware datetime."""
-    if not isinstance(value, str) or not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def _date_text(value: str | date) -> str:
-    return value.isoformat() if isinstance(value, date) else value
+__all__ = ["AirflowServices"]
 
 
 def _tail(path: Path, chars: int) -> str:
@@ -54,54 +45,12 @@ def _tail(path: Path, chars: int) -> str:
     return text[-chars:]
 
 
-@dataclass(frozen=True, slots=True)
-class DagRunRecord:
-    """One DAG run as the REST API reports it."""
-
-    dag_id: str
-    run_id: str
-    logical_date: datetime | None
-    state: str
-    run_type: str
-    queued_at: datetime | None
-    start_date: datetime | None
-    end_date: datetime | None
-    conf: dict[str, Any]
-
-    @classmethod
-    def from_api(cls, data: Mapping[str, Any]) -> DagRunRecord:
-        return cls(
-            dag_id=str(data["dag_id"]),
-            run_id=str(data["dag_run_id"]),
-            logical_date=_parse_time(data.get("logical_date")),
-            state=str(data["state"]),
-            run_type=str(data["run_type"]),
-            queued_at=_parse_time(data.get("queued_at")),
-            start_date=_parse_time(data.get("start_date")),
-            end_date=_parse_time(data.get("end_date")),
-            conf=dict(data.get("conf") or {}),
-        )
+def _date_text(value: str | date) -> str:
+    return value.isoformat() if isinstance(value, date) else value
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerResult:
-    """The runs a scheduler finished for :meth:`AirflowServices.backfill` or ``rerun``.
-
-    ``runs`` are in logical-date order; ``logs`` holds the tails of the components' logs and of
-    the task logs of every run that did not succeed, so a failing test shows why.
-    """
-
-    dag_id: str
-    runs: tuple[DagRunRecord, ...]
-    seconds: float
-    logs: str
-
-    def check(self) -> SchedulerResult:
-        """Raise with the logs when a run did not succeed."""
-        bad = [f"{run.run_id}: {run.state}" for run in self.runs if run.state != "success"]
-        if bad:
-            raise RuntimeError(f"runs of {self.dag_id} did not succeed: {', '.join(bad)}\n{self.logs}")
-        return self
+def _quote_path_segment(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
 
 
 class AirflowServices:
@@ -130,7 +79,7 @@ class AirflowServices:
 
     def __init__(
         self,
-        sandbox: AirflowSandbox,
+        sandbox: AirflowHome,
         *,
         triggerer: bool = False,
         parallelism: int = 2,
@@ -386,7 +335,7 @@ class AirflowServices:
         self._check_cli(self.airflow(*args), f"airflow {' '.join(args)}")
         backfill = self.api("GET", "/backfills", query={"dag_id": dag_id, "order_by": "-id", "limit": 1})
         latest = backfill["backfills"][0]
-        created = _parse_time(latest["created_at"])
+        created = parse_time(latest["created_at"])
         assert created is not None
 
         def mine() -> list[DagRunRecord]:
@@ -512,7 +461,3 @@ class AirflowServices:
         failed = [self.task_logs(dag_id, run.run_id) for run in runs if run.state != "success"]
         logs = "\n".join([*failed, self.logs()]) if failed else ""
         return SchedulerResult(dag_id, tuple(runs), time.monotonic() - started, logs)
-
-
-def _quote_path_segment(value: str) -> str:
-    return urllib.parse.quote(value, safe="")

@@ -21,7 +21,7 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
-from airflow_provider_postgres_cdc.errors import PostgresNotFoundError
+from airflow_provider_postgres_cdc.testing.errors import PostgresNotFoundError
 
 __all__ = [
     "PG_MAJOR_ENV",

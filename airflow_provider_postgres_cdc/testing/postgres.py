@@ -34,7 +34,7 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from airflow_provider_postgres_cdc.errors import PostgresNotFoundError
+from airflow_provider_postgres_cdc.testing.errors import PostgresNotFoundError
 from airflow_provider_postgres_cdc.testing.pg_binaries import bindir_major, find_postgres_bindir, has_xml
 from airflow_provider_postgres_cdc.testing.processes import free_port
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from airflow_provider_postgres_cdc.errors import SeaweedFsNotFoundError
+from airflow_provider_postgres_cdc.testing.errors import SeaweedFsNotFoundError
 from airflow_provider_postgres_cdc.testing.processes import (
     free_port,
     program_beside_python,

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_postgres_cdc.errors import SparkNotFoundError
+from airflow_provider_postgres_cdc.testing.errors import SparkNotFoundError
 from airflow_provider_postgres_cdc.testing.processes import (
     free_port,
     program_beside_python,

