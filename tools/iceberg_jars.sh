@@ -5,7 +5,7 @@
 #
 # PyPI's snowpark-connect-deps-iceberg ships iceberg-spark-runtime-3.5_2.12-1.10.2.jar (SQL extensions
 # inside) with its shaded Jackson stripped out; re-shading pyspark's own Jackson 2.15 under the
-# runtime's package with Debian's jarjar restores it (DESIGN.md, "The lake"). On a connected cluster
+# runtime's package with Debian's jarjar restores it (docs/LAKE.md, "Versions"). On a connected cluster
 # use the real jar instead: --packages org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2.
 set -euo pipefail
 pip=$1 spark_jars=$(realpath "$2") out=$3

@@ -1,4 +1,6 @@
-"""What a batch did to the lake, read back with pyiceberg: the payloads of the Asset events (README "Assets").
+"""What a batch did to the lake, read back with pyiceberg: the payloads of the Asset events.
+
+docs/OBSERVABILITY.md, "Assets", describes them for users.
 
 The apply job records, in the Iceberg commit of every table it writes, the batch, its LSN window,
 the changes it applied by kind and when it began the table (formats/lake.py); the ack knows the cut.

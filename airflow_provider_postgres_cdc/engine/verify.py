@@ -1,4 +1,4 @@
-"""Check that lake tables equal their PostgreSQL sources (DESIGN invariant 5), as multisets.
+"""Check that lake tables equal their PostgreSQL sources (docs/DESIGN.md, invariant 5), as multisets.
 
 The source side is read the way the initial snapshot reads it (same column lists, row filters
 and type mapping) through a throwaway slot's exported snapshot, staged to a scratch directory;

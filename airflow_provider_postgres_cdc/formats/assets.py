@@ -1,4 +1,6 @@
-"""Airflow Asset URIs of the lake's tables and of a pipeline's consistent cut, defined once (README "Assets").
+"""Airflow Asset URIs of the lake's tables and of a pipeline's consistent cut, defined once.
+
+docs/OBSERVABILITY.md, "Assets", describes them for users.
 
 Two schemes, registered by the provider (``get_provider_info``'s ``asset-uris``):
 

@@ -15,7 +15,7 @@ Assumptions the callers must guarantee on the server session that produced the t
   is still converted correctly, a seconds offset is not representable and is reported,
 * text is UTF-8 (the server encoding is read by callers; other encodings must be transcoded first).
 
-Type rules (DESIGN.md "Types"): lossless first.
+Type rules (docs/DESIGN.md, "Types"): lossless first.
 
 =========================== ==========================================================
 PostgreSQL                  Arrow

@@ -1,7 +1,7 @@
 """The initial snapshot: a slot with an exported snapshot, and a parallel copy of the published tables.
 
 ``CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')`` returns the slot's consistent point and a
-snapshot showing the database exactly there (DESIGN.md invariant 2). Worker connections import
+snapshot showing the database exactly there (docs/DESIGN.md, invariant 2). Worker connections import
 it and stream ``COPY (SELECT <published columns> FROM t WHERE <row filter>) TO STDOUT`` into
 Parquet files of bounded size; large tables are split into ``ctid`` ranges so several workers
 share them. Nothing here imports Airflow. One job per module:

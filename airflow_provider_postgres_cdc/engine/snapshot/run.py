@@ -2,7 +2,7 @@
 
 :class:`SnapshotRun` creates (or, for a re-snapshot, borrows a temporary) slot whose
 ``CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')`` returns its consistent point and a snapshot of
-the database exactly there (DESIGN.md invariant 2). The replication connection that created it
+the database exactly there (docs/DESIGN.md, invariant 2). The replication connection that created it
 (the holder) stays open and idle for the whole copy, and is checked while the copy runs: the
 snapshot dies with it. After the copy the manifest is written last, and a failure drops the slot
 the run created and the files it staged, so a retry starts clean.

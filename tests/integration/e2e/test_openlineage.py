@@ -4,7 +4,7 @@ One initial snapshot and one CDC run of the example DAGs (``airflow dags test``,
 real ``spark-submit``), with ``[openlineage] transport`` set to the file transport. The source has
 hostile names (a schema with a dot, a table with a dot, a space, ``%`` and non-ASCII), a column
 list and a row filter. The events must hold a START and a COMPLETE for every task, and the
-datasets and facets README "OpenLineage" promises.
+datasets and facets docs/OBSERVABILITY.md promises.
 """
 
 from __future__ import annotations

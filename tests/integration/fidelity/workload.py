@@ -69,7 +69,7 @@ class Table:
     row_filter: sql.Composable | None = None  # the publication's WHERE for this table
     column_list: list[str] | None = None  # the publication's column list for this table
     pinned: set[str] = field(default_factory=set)  # in the filter or the list: never dropped or retyped
-    # The insert after an ALTER shows it to every published relation of the table (README, Known
+    # The insert after an ALTER shows it to every published relation of the table (docs/OPERATING.md, Known
     # limits: the lake learns of a column with the relation's next change); not so through a row
     # filter, or into one of several partitions published each as a table of its own.
     alterable: bool = True
@@ -308,8 +308,8 @@ class Workload:
     def _alter(self, t: Table) -> Statement:
         """A schema change from the safe list, then an insert into the table.
 
-        pgoutput announces a table's new columns only with its next change (README, Known limits):
-        the insert makes the change reach the stream in the same transaction.
+        pgoutput announces a table's new columns only with its next change (docs/OPERATING.md,
+        "Known limits"): the insert makes the change reach the stream in the same transaction.
         """
         change = self._schema_change(t)
         return sql.SQL("{}; {}").format(change, self._insert(t))

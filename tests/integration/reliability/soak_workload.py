@@ -11,7 +11,7 @@ On top of ``workload.Workload`` (whose random stream it leaves alone for the fid
   (PostgreSQL refuses that while a publication depends on them). Such tables, and partitioned
   tables published through their partitions, get no ALTER TABLE: the insert that follows one
   would not reach every published relation, and the lake learns of a column only with its
-  relation's next change (README, Known limits);
+  relation's next change (docs/OPERATING.md, "Known limits");
 * prepared transactions (``PREPARE TRANSACTION``, then ``COMMIT PREPARED`` or ``ROLLBACK
   PREPARED`` as the writer's next transaction, so a drain may run while one is pending);
 * transactions larger than ``logical_decoding_work_mem`` (the soak's cluster sets 64 kB): a

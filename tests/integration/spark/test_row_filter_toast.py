@@ -4,7 +4,7 @@ PostgreSQL sends such an UPDATE (old row outside the filter, new row inside) as 
 TOAST value the UPDATE left alone as "unchanged" ('u'): the stream never shows it, and the lake
 holds no earlier row to keep it from. Found by the crash soak (seed 14, ``make soak SEEDS=14-14
 ROUNDS=3``): the apply job inserted the row with NULL there, where the source holds the value
-(DESIGN invariant 6). Now it refuses to guess: the table stops for a re-snapshot, which reads the
+(docs/DESIGN.md, invariant 6). Now it refuses to guess: the table stops for a re-snapshot, which reads the
 value, and the re-run converges.
 """
 
