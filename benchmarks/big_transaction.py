@@ -4,7 +4,8 @@ One transaction inserts ``--gigabytes`` GB of row data (rows of about 200 bytes:
 GB), then each transport drains it in a child process whose peak RSS (``wait4``'s
 ``ru_maxrss``) is reported next to the setting and next to the RSS of the same child draining
 an empty window (the fixed overhead: interpreter, numpy, pyarrow, psycopg2). docs/DESIGN.md's
-invariant 4 holds when ``peak - fixed overhead`` stays under the setting and does not grow with the transaction.
+invariant 4 holds when ``peak - fixed overhead`` stays under the setting and does not grow with
+the transaction.
 
     flock /tmp/pgl-heavy.lock .venv/bin/python benchmarks/big_transaction.py --gigabytes 1
     flock /tmp/pgl-heavy.lock .venv/bin/python benchmarks/big_transaction.py --gigabytes 2
