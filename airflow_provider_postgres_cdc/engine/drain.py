@@ -52,7 +52,9 @@ from airflow_provider_postgres_cdc.formats.manifest import (
     TableManifest,
 )
 from airflow_provider_postgres_cdc.formats.schema_changes import RelationVersion, SourceColumn
-from airflow_provider_postgres_cdc.pgoutput import BatchDecoder, DecodedBatch, Relation, TableChanges
+from airflow_provider_postgres_cdc.pgoutput.arrow import DecodedBatch, TableChanges
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
+from airflow_provider_postgres_cdc.pgoutput.messages import Relation
 from airflow_provider_postgres_cdc.replication import (
     connect,
     connect_replication,
