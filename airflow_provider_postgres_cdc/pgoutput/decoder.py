@@ -1,8 +1,9 @@
 """The per-message pgoutput decoder: bytes in, one typed message out.
 
-The columnar decoder (:mod:`.columnar`) sends it every control message (Relation, Type, Origin,
-Truncate, Message, streaming and two-phase messages: the state they carry is kept here) and,
-when its vector checks find a malformed data message, that message, to raise the precise error.
+The columnar decoder (:mod:`.columnar`) sends it the control messages (Relation, Type, Origin,
+Truncate, Message, streaming and two-phase messages, and Begin and Commit outside its bulk path:
+the relation cache and streaming state they update are kept here) and, when its vector checks
+find a malformed data message, that message, to raise the precise error.
 ``pgcdc peek`` prints what it returns for every message. It does no I/O: the caller hands it
 each message's bytes (one row of ``pg_logical_slot_peek_binary_changes`` or the payload of one
 XLogData message).
