@@ -7,10 +7,12 @@ measures on the same slot:
 * the SQL peek interface counting the changes server-side (``SELECT count(*) FROM
   pg_logical_slot_peek_binary_changes(...)``): the baseline the decoder must keep up with,
 * :class:`BatchDecoder` (columnar) from the fetched messages to typed Arrow tables,
-* the per-message reference route (decoder, assembler, :func:`transactions_to_tables`),
+* the test oracle's per-object route (``tests/oracle``: the per-message decoder, an assembler
+  and ``transactions_to_tables``), which it must equal,
 * pypgoutput's decoder classes, when that package is importable.
 
-Run: ``.venv/bin/python benchmarks/decode.py [--changes 1000000]``. Prints rates and ratios.
+Run from the repository root: ``.venv/bin/python -m benchmarks.decode [--changes 1000000]``.
+Prints rates and ratios.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_provider_postgres_cdc.pgoutput import BatchDecoder, PgOutputDecoder, Transaction, assemble
-from airflow_provider_postgres_cdc.pgoutput.arrow import transactions_to_tables
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
 from airflow_provider_postgres_cdc.testing import PostgresCluster
+from tests.oracle.tables import reference_tables
 
 SCHEMA = """
 CREATE TABLE bench (id int PRIMARY KEY, name text, ts timestamptz, amount numeric(12,2), doc jsonb);
@@ -76,10 +78,7 @@ def timed(function: Callable[[], Any], repeat: int = 1) -> tuple[float, Any]:
 
 
 def decode_reference(messages: list[bytes]) -> int:
-    decoder = PgOutputDecoder(1)
-    events = assemble(((None, decoder.decode(m), len(m)) for m in messages), decoder.relations)
-    tables = transactions_to_tables(e for e in events if isinstance(e, Transaction))
-    return sum(t.num_rows for t in tables)
+    return sum(t.num_rows for t in reference_tables(messages, 1))
 
 
 def decode_pypgoutput(messages: list[bytes]) -> int | None:
@@ -143,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     columnar_rate = changes / columnar_s
     report("SQL peek count(*)", peek_rate, peek_s, "(the baseline)")
     report("columnar BatchDecoder", columnar_rate, columnar_s, f"= {columnar_rate / peek_rate:.2f}x SQL peek")
-    reference_s, _ = timed(lambda: decode_reference(messages))
+    reference_s, reference_count = timed(lambda: decode_reference(messages))
+    if reference_count != changes:
+        print(f"ERROR: the oracle decoded {reference_count} changes, expected {changes}", file=sys.stderr)
+        return 1
     reference_rate = changes / reference_s
-    report(
-        "per-message reference", reference_rate, reference_s, f"= {reference_rate / peek_rate:.2f}x SQL peek"
-    )
+    report("test oracle", reference_rate, reference_s, f"= {reference_rate / peek_rate:.2f}x SQL peek")
     pyp_s, pyp_count = timed(lambda: decode_pypgoutput(messages))
     if pyp_count is None:
         print("pypgoutput: not installed, skipped (pip install pypgoutput to compare)")

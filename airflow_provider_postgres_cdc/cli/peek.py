@@ -14,35 +14,31 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow_provider_postgres_cdc.cli.common import add_connection_arguments, open_connection
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.pgoutput import (
+from airflow_provider_postgres_cdc.formats.pgtypes import pg_timestamp
+from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
+from airflow_provider_postgres_cdc.pgoutput.messages import (
+    TRUNCATE_CASCADE,
+    TRUNCATE_RESTART_IDENTITY,
     Begin,
     Commit,
     Delete,
     Insert,
     LogicalMessage,
     Message,
-    PgOutputDecoder,
     Relation,
     Truncate,
     TupleData,
-    Update,
-)
-from airflow_provider_postgres_cdc.pgoutput.messages import (
-    PG_EPOCH_US,
-    TRUNCATE_CASCADE,
-    TRUNCATE_RESTART_IDENTITY,
     TupleKind,
+    Update,
 )
 from airflow_provider_postgres_cdc.replication.connection import read_raw_text
 from airflow_provider_postgres_cdc.replication.publications import publication_names_option
 
 _FETCH_ROWS = 2000
-_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def peek_options(args: argparse.Namespace) -> list[str]:
@@ -64,7 +60,7 @@ def peek_options(args: argparse.Namespace) -> list[str]:
 
 def _timestamp(value: int) -> str:
     """A pgoutput timestamp (microseconds since 2000-01-01 UTC) as ISO 8601."""
-    return (_UNIX_EPOCH + timedelta(microseconds=value + PG_EPOCH_US)).isoformat()
+    return pg_timestamp(value).isoformat()
 
 
 def _value(data: TupleData, index: int) -> Any:

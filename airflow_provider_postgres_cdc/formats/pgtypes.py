@@ -1,10 +1,27 @@
-"""PostgreSQL's built-in type names and typmods: one definition for the engine and the Spark job.
+"""PostgreSQL's built-in type names, typmods and time epoch: one definition for the engine and the
+Spark job.
 
 Standard library only, so the apply job ships it (``spark.job_py_files``) and its messages name
 types the way PostgreSQL does, from the same table :mod:`.types` maps to Arrow.
 """
 
 from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+
+PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+"""PostgreSQL's epoch: binary dates count days, and timestamps (pgoutput's commit times too)
+microseconds, from here."""
+PG_EPOCH_DAYS = (PG_EPOCH.date() - date(1970, 1, 1)).days
+"""Days from the Unix epoch to PostgreSQL's: add to a PostgreSQL date for a Unix day number."""
+PG_EPOCH_US = PG_EPOCH_DAYS * 86_400_000_000
+"""Microseconds from the Unix epoch to PostgreSQL's: add to a PostgreSQL timestamp for Unix time."""
+
+
+def pg_timestamp(micros: int) -> datetime:
+    """A PostgreSQL timestamp (microseconds since :data:`PG_EPOCH`) as an aware UTC datetime."""
+    return PG_EPOCH + timedelta(microseconds=micros)
+
 
 # Built-in scalar type OIDs (pg_type.dat) and their names.
 TYPE_NAMES: dict[int, str] = {

@@ -1,94 +1,12 @@
-"""pgoutput logical replication decoding: bytes in, typed messages, transactions and Arrow out.
+"""pgoutput logical replication decoding: bytes in, typed messages and Arrow change tables out.
 
-No Airflow and no I/O here. The drain calls :class:`BatchDecoder`; ``pgcdc peek``, the tests
-and streaming consumers use :class:`PgOutputDecoder` and :class:`TransactionAssembler`.
+No Airflow and no I/O here. Import from the modules; this package module imports none of them, so
+reading one Begin message (:mod:`.decoder`, :mod:`.messages`, :mod:`.wire`: standard library
+only) does not load numpy and pyarrow, which the Airflow faces must not pay for at DAG parse time.
+
+* :mod:`.columnar`: :class:`~.columnar.BatchDecoder`, the drain's decoder (many messages at once);
+* :mod:`.arrow`: what it returns (:class:`~.arrow.DecodedBatch`, :class:`~.arrow.TableChanges`);
+* :mod:`.decoder`: :class:`~.decoder.PgOutputDecoder`, one message at a time (control messages,
+  precise errors, ``pgcdc peek``), with the message classes of :mod:`.messages` and the byte
+  layouts of :mod:`.wire`.
 """
-
-from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
-from airflow_provider_postgres_cdc.pgoutput.arrow import (
-    METADATA_FIELDS,
-    TRANSACTION_SCHEMA,
-    DecodedBatch,
-    TableChanges,
-    change_schema,
-    transactions_to_tables,
-)
-from airflow_provider_postgres_cdc.pgoutput.assembly import (
-    RowChange,
-    Transaction,
-    TransactionAssembler,
-    assemble,
-)
-from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder, PreparedBatch
-from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
-from airflow_provider_postgres_cdc.pgoutput.messages import (
-    PG_EPOCH_US,
-    Begin,
-    BeginPrepare,
-    Column,
-    Commit,
-    CommitPrepared,
-    Delete,
-    Insert,
-    LogicalMessage,
-    Message,
-    MessageType,
-    Origin,
-    Prepare,
-    Relation,
-    RollbackPrepared,
-    StreamAbort,
-    StreamCommit,
-    StreamPrepare,
-    StreamStart,
-    StreamStop,
-    Truncate,
-    TupleData,
-    TupleKind,
-    Type,
-    Update,
-)
-from airflow_provider_postgres_cdc.pgoutput.relations import RelationCache
-
-__all__ = [
-    "METADATA_FIELDS",
-    "PG_EPOCH_US",
-    "TRANSACTION_SCHEMA",
-    "BatchDecoder",
-    "Begin",
-    "BeginPrepare",
-    "Column",
-    "Commit",
-    "CommitPrepared",
-    "DecodedBatch",
-    "Delete",
-    "Insert",
-    "LogicalMessage",
-    "Message",
-    "MessageType",
-    "Origin",
-    "PgOutputDecodeError",
-    "PgOutputDecoder",
-    "Prepare",
-    "PreparedBatch",
-    "Relation",
-    "RelationCache",
-    "RollbackPrepared",
-    "RowChange",
-    "StreamAbort",
-    "StreamCommit",
-    "StreamPrepare",
-    "StreamStart",
-    "StreamStop",
-    "TableChanges",
-    "Transaction",
-    "TransactionAssembler",
-    "Truncate",
-    "TupleData",
-    "TupleKind",
-    "Type",
-    "Update",
-    "assemble",
-    "change_schema",
-    "transactions_to_tables",
-]

@@ -1,25 +1,15 @@
-"""Committed changes -> typed Arrow tables in the staged change format (docs/FORMATS.md).
+"""The decoder's output: typed Arrow tables in the staged change format (docs/FORMATS.md).
 
-Two routes produce the same tables:
-
-* :func:`transactions_to_tables` turns assembled :class:`~.assembly.Transaction` objects into
-  tables. It is the reference: plain Python over decoded messages, for ``peek``, the streaming
-  transport and the tests.
-* :class:`BatchDecoder` goes from raw messages to tables without a Python object per value:
-  all messages are joined into one buffer, only the few control messages (Begin, Commit,
-  Relation, Stream Start...) go through the per-message decoder, and the data messages of each
-  relation version are parsed together with numpy, column by column: the offsets of every value
-  of a column in every row are computed at once, wrapped as an Arrow ``string_view`` array that
-  points into the buffer, and cast by ``pyarrow.compute`` (:func:`..types.text_to_arrow`).
-
-Each output table holds the changes of one *relation version*: when ALTER TABLE changes a
-relation mid-batch, the table appears once per shape, each with its own schema, in order.
+:class:`~.columnar.BatchDecoder` fills a :class:`RawColumns` per relation version with the rows'
+untyped values and metadata, and :func:`build_batches` types them and lays them out. Each output
+table holds the changes of one *relation version*: when ALTER TABLE changes a relation
+mid-batch, the table appears once per shape, each with its own schema, in order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,15 +20,8 @@ import pyarrow.compute as pc
 from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import sibling_name
-from airflow_provider_postgres_cdc.pgoutput.assembly import RowChange, Transaction
-from airflow_provider_postgres_cdc.pgoutput.messages import (
-    PG_EPOCH_US,
-    Column,
-    LogicalMessage,
-    Relation,
-    TupleData,
-    TupleKind,
-)
+from airflow_provider_postgres_cdc.formats.pgtypes import PG_EPOCH_US
+from airflow_provider_postgres_cdc.pgoutput.messages import Column, LogicalMessage, Relation
 from airflow_provider_postgres_cdc.values import overflow
 from airflow_provider_postgres_cdc.values.arrow_types import arrow_type
 
@@ -223,8 +206,8 @@ def change_schema(relation: Relation, siblings: Sequence[pa.Field] = ()) -> pa.S
 
 
 @dataclass(slots=True)
-class _Columns:
-    """The raw (untyped) content of one relation version's rows, shared by both routes."""
+class RawColumns:
+    """The raw (untyped) content of one relation version's rows, as :func:`build_batches` takes it."""
 
     op: pa.Array
     commit_lsn: Int64Array
@@ -242,7 +225,7 @@ class _Columns:
     old_rows: Int64Array
 
 
-def build_batches(relation: Relation, raw: _Columns, max_rows: int) -> list[pa.RecordBatch]:
+def build_batches(relation: Relation, raw: RawColumns, max_rows: int) -> list[pa.RecordBatch]:
     """Type the raw text columns and lay them out as FORMATS.md's change table.
 
     Values a column's type cannot hold go to its overflow sibling (:mod:`..overflow`), which
@@ -329,111 +312,3 @@ def _spread(values: pa.Array, spreader: pa.Array | None, count: int) -> pa.Array
     if values.null_count == len(values):
         return pa.nulls(count, values.type)
     return values.take(spreader)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reference route: assembled transactions -> tables.
-
-
-class _RowsOf:
-    """Python lists of one relation version's rows (reference route)."""
-
-    def __init__(self, relation: Relation) -> None:
-        self.relation = relation
-        width = len(relation.columns)
-        self.op: list[str] = []
-        self.meta: list[tuple[int, int, int, int, int]] = []
-        self.unchanged: list[list[str]] = []
-        self.new: list[list[bytes | None]] = [[] for _ in range(width)]
-        self.new_rows: list[int] = []
-        self.old: list[list[bytes | None]] = [[] for _ in range(width)]
-        self.old_rows: list[int] = []
-        self.kinds: list[set[int]] = [set() for _ in range(width)]  # value kinds seen per column
-        self.truncate_flags: list[int | None] = []
-
-    def add(self, txn: Transaction, seq: int, change: RowChange) -> None:
-        names = [c.name for c in self.relation.columns]
-        self.op.append(change.op)
-        self.meta.append((txn.commit_lsn, txn.end_lsn, seq, txn.xid, txn.commit_time))
-        new, old = change.new, change.old
-        position = len(self.op) - 1
-        self.unchanged.append(
-            [] if new is None else [names[i] for i in range(len(names)) if new.is_unchanged(i)]
-        )
-        if new is not None:
-            self.new_rows.append(position)
-            self._collect(self.new, new)
-        if old is not None:
-            self.old_rows.append(position)
-            self._collect(self.old, old)
-        self.truncate_flags.append(change.truncate_options)
-
-    def _collect(self, target: list[list[bytes | None]], data: TupleData) -> None:
-        for i, value in enumerate(data.values):
-            target[i].append(value)
-            if value is not None:
-                self.kinds[i].add(data.kinds[i])
-
-    def _arrays(self, columns: list[list[bytes | None]]) -> list[pa.Array]:
-        arrays = []
-        for values, kinds in zip(columns, self.kinds, strict=True):
-            if kinds == {TupleKind.BINARY}:
-                arrays.append(pa.array(values, pa.binary()))
-            elif TupleKind.BINARY in kinds:
-                raise PgOutputDecodeError(MIXED_FORMATS, message_type="?", offset=0)
-            else:
-                arrays.append(pa.array([_text(v) for v in values], pa.string()))
-        return arrays
-
-    def columns(self) -> _Columns:
-        lsns = np.array([m[:2] for m in self.meta], dtype=np.uint64).astype(np.int64).reshape(-1, 2)
-        meta = np.array([m[2:] for m in self.meta], dtype=np.int64).reshape(-1, 3)
-        check_stageable(lsns[:, 0], lsns[:, 1], meta[:, 2])
-        return _Columns(
-            op=pa.array(self.op, pa.string()),
-            commit_lsn=lsns[:, 0],
-            end_lsn=lsns[:, 1],
-            seq=meta[:, 0],
-            xid=meta[:, 1],
-            commit_time=meta[:, 2],
-            unchanged=pa.array(self.unchanged, pa.list_(pa.string())),
-            truncate_flags=pa.array(self.truncate_flags, pa.int8()),
-            new=self._arrays(self.new),
-            new_rows=np.array(self.new_rows, dtype=np.int64),
-            old=self._arrays(self.old),
-            old_rows=np.array(self.old_rows, dtype=np.int64),
-        )
-
-
-def _text(value: bytes | None) -> str | None:
-    try:
-        return None if value is None else value.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PgOutputDecodeError(
-            f"text value is not valid UTF-8: {exc.reason}", message_type="?", offset=0
-        ) from None
-
-
-def transactions_to_tables(
-    transactions: Iterable[Transaction], *, max_rows: int = DEFAULT_MAX_ROWS
-) -> list[TableChanges]:
-    """Reference route: typed change tables of committed transactions, in commit order."""
-    groups: dict[tuple[object, ...], _RowsOf] = {}
-    keys = VersionKeys()
-    for txn in transactions:
-        for seq, change in enumerate(txn.changes):
-            _check_text_values(change)
-            key = keys.key(change.relation)
-            rows = groups.get(key)
-            if rows is None:
-                rows = groups[key] = _RowsOf(table_relation(change.relation))
-            rows.add(txn, seq, change)
-    return [
-        TableChanges(rows.relation, build_batches(rows.relation, rows.columns(), max_rows))
-        for rows in groups.values()
-    ]
-
-
-def _check_text_values(change: RowChange) -> None:
-    if change.old is not None and TupleKind.UNCHANGED_TOAST in change.old.kinds:
-        raise PgOutputDecodeError(UNCHANGED_OLD, message_type=change.op, offset=0)

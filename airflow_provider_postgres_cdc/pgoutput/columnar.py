@@ -1,5 +1,5 @@
-"""The columnar route: many raw pgoutput messages -> typed change tables, without a Python object
-per value (see :mod:`.arrow` for the output format and the reference route it must equal).
+"""The decoder the drain uses: many raw pgoutput messages -> typed change tables, without a Python
+object per value (see :mod:`.arrow` for the output format).
 
 How: the messages are joined into one buffer viewed as a numpy array. The control messages
 (everything but Insert, Update and Delete: a few per transaction) go through the per-message
@@ -9,41 +9,43 @@ Once the committed transactions are known, their data rows are grouped by relati
 each group is parsed at once: for every column, numpy computes the kind byte, value offset and
 length of that column in all rows, bounds-checked against each message's end. The text values
 become an Arrow ``string_view`` array whose views point into the joined buffer (no copy), which
-:func:`..types.text_to_arrow` casts. Any inconsistency found by the vector checks is re-decoded
-by the per-message decoder to raise its precise :class:`PgOutputDecodeError`.
+:mod:`..values` casts to each column's type. Any inconsistency found by the vector checks is
+re-decoded by the per-message decoder to raise its precise :class:`PgOutputDecodeError`.
 
-This module finds the committed rows; :mod:`.columnar_transactions` tracks the transactions of
-the general walk, :mod:`.columnar_tuples` parses the tuples and views their values,
-:mod:`.columnar_tables` builds one table per relation version.
+This module finds the committed rows; :mod:`.columnar_buffer` holds the joined buffer and its
+per-message arrays, :mod:`.columnar_transactions` tracks the transactions of the general walk,
+:mod:`.columnar_tuples` parses the tuples and views their values, :mod:`.columnar_tables` builds
+one table per relation version.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NoReturn, overload
+from typing import NoReturn
 
 import numpy as np
-import numpy.typing as npt
-import pyarrow as pa
 
 from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
-from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.pgoutput.arrow import (
     DEFAULT_MAX_ROWS,
     DecodedBatch,
     Int64Array,
 )
+from airflow_provider_postgres_cdc.pgoutput.columnar_buffer import PAD, LsnArray, MessageBuffer
 from airflow_provider_postgres_cdc.pgoutput.columnar_tables import relation_tables
 from airflow_provider_postgres_cdc.pgoutput.columnar_transactions import (
+    CommittedRows,
     DataRun,
     TransactionColumns,
     TransactionTracker,
     TruncateItem,
 )
-from airflow_provider_postgres_cdc.pgoutput.columnar_tuples import VIEW_WINDOW, U8Array, parse_rows
+from airflow_provider_postgres_cdc.pgoutput.columnar_tuples import parse_rows
 from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
 from airflow_provider_postgres_cdc.pgoutput.messages import (
+    STREAMING_TYPES,
+    TWO_PHASE_TYPES,
     LogicalMessage,
     MessageType,
     Origin,
@@ -51,20 +53,19 @@ from airflow_provider_postgres_cdc.pgoutput.messages import (
     Truncate,
 )
 from airflow_provider_postgres_cdc.pgoutput.relations import RelationCache
+from airflow_provider_postgres_cdc.pgoutput.wire import BEGIN, COMMIT, field_offsets
 
-_PAD = bytes(16)
-LsnArray = Sequence[int] | npt.NDArray[np.uint64]
-"""Message LSNs, only used to name the position in error reports."""
 _IS_DATA = np.zeros(256, dtype=np.bool_)
 _IS_DATA[[MessageType.INSERT, MessageType.UPDATE, MessageType.DELETE]] = True
 
 # Streaming and two-phase messages: transactions interleave or wait, the general walk handles them.
 _NEEDS_WALK = np.zeros(256, dtype=np.bool_)
-_NEEDS_WALK[[ord(c) for c in "SEcAbPKrp"]] = True
+_NEEDS_WALK[[*STREAMING_TYPES, *TWO_PHASE_TYPES]] = True
 _IS_BEGIN_OR_COMMIT = np.zeros(256, dtype=np.bool_)
 _IS_BEGIN_OR_COMMIT[[MessageType.BEGIN, MessageType.COMMIT]] = True
-_BEGIN_SIZE = 21
-_COMMIT_SIZE = 26
+_BEGIN_SIZE, _COMMIT_SIZE = 1 + BEGIN.size, 1 + COMMIT.size
+_BEGIN_XID = field_offsets(BEGIN)[2]
+_COMMIT_LSN, _COMMIT_END_LSN, _COMMIT_TIME = field_offsets(COMMIT)[1:]
 
 _PlainTruncate = tuple[int, int, list[Relation], int]  # (txn ordinal, message index, relations, options)
 
@@ -100,7 +101,7 @@ class BatchDecoder:
         """
         lengths: Int64Array = np.fromiter(map(len, messages), dtype=np.int64, count=len(messages))
         starts: Int64Array = np.cumsum(lengths) - lengths
-        return self.prepare(b"".join(messages) + _PAD, starts, lengths, lsns).build()
+        return self.prepare(b"".join(messages) + PAD, starts, lengths, lsns).build()
 
     def prepare(
         self,
@@ -121,8 +122,8 @@ class BatchDecoder:
         ``first_seq`` numbers the changes of the first transaction from there on, for a large
         transaction decoded in pieces (each wrapped in its Begin and Commit); the reported
         change counts are this call's only."""
-        if len(starts) and int(starts[-1] + lengths[-1]) + len(_PAD) > len(buffer):
-            raise ValueError("prepare needs 16 bytes after the last message; pad the buffer")
+        if len(starts) and int(starts[-1] + lengths[-1]) + len(PAD) > len(buffer):
+            raise ValueError(f"prepare needs {len(PAD)} bytes after the last message; pad the buffer")
         batch = MessageBatch(
             buffer, starts, lengths, lsns, self.protocol_version, self.relations, self.raw_text
         )
@@ -174,48 +175,8 @@ class PreparedBatch:
         )
 
 
-class _MessageSlices(Sequence[bytes]):
-    """Message ``i`` of a buffer as bytes, sliced only when asked for (control messages, errors)."""
-
-    def __init__(self, buffer: bytes, starts: Int64Array, lengths: Int64Array) -> None:
-        self._buffer = buffer
-        self._starts = starts
-        self._lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self._starts)
-
-    @overload
-    def __getitem__(self, index: int) -> bytes: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
-    def __getitem__(self, index: int | slice) -> bytes | Sequence[bytes]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        start = int(self._starts[index])
-        return self._buffer[start : start + int(self._lengths[index])]
-
-
-@dataclass(slots=True)
-class CommittedRows:
-    """Committed data rows in commit order: message index, transaction ordinal, seq, generation."""
-
-    msg: Int64Array
-    txn: Int64Array
-    seq: Int64Array
-    gen: Int64Array
-    prefix: Int64Array
-    truncates: list[tuple[int, int, Relation, int]]  # (txn ordinal, seq, relation, options)
-
-    def continuing(self, first_seq: int) -> CommittedRows:
-        """The same rows with the first transaction's changes numbered from ``first_seq``."""
-        seq = self.seq + np.where(self.txn == 0, first_seq, 0)
-        truncates = [(t, s + (first_seq if t == 0 else 0), r, o) for t, s, r, o in self.truncates]
-        return CommittedRows(self.msg, self.txn, seq, self.gen, self.prefix, truncates)
-
-
-class MessageBatch:
-    """One call's joined buffer and the per-message arrays over it."""
+class MessageBatch(MessageBuffer):
+    """A buffer of messages and the walk over its control messages, which finds the committed rows."""
 
     def __init__(
         self,
@@ -227,60 +188,9 @@ class MessageBatch:
         relations: RelationCache,
         raw_text: bool = False,
     ) -> None:
-        """``joined`` holds message ``i`` at ``starts[i]:starts[i] + lengths[i]`` (gaps allowed)
-        and ends with at least 16 padding bytes, so fixed-width gathers never run off its end.
-        ``raw_text``: text values are SQL_ASCII bytes (see :class:`BatchDecoder`)."""
-        self.messages = _MessageSlices(joined, starts, lengths)
-        self.lsns = lsns
+        super().__init__(joined, starts, lengths, lsns, protocol_version, raw_text)
         self.decoder = PgOutputDecoder(protocol_version, relations)
-        count = len(starts)
-        self.lengths: Int64Array = lengths
-        if count and not self.lengths.all():
-            self.fail_message(int(np.argmin(self.lengths)))
-        self.starts: Int64Array = starts
-        self.ends: Int64Array = starts + lengths
-        self.buf: U8Array = np.frombuffer(joined, dtype=np.uint8)
-        # Overlapping 16- and 4-byte windows at every offset: one gather reads a view or an int.
-        self.views = np.ndarray(shape=(self.buf.size - 15,), dtype="V16", buffer=joined, strides=(1,))
-        self._words = np.ndarray(shape=(self.buf.size - 3,), dtype=">u4", buffer=joined, strides=(1,))
-        self._quads = np.ndarray(shape=(self.buf.size - 7,), dtype=">i8", buffer=joined, strides=(1,))
-        whole = pa.py_buffer(joined)
-        self.data_buffers = [
-            whole.slice(k * VIEW_WINDOW, min(2 * VIEW_WINDOW, len(joined) - k * VIEW_WINDOW))
-            for k in range(max(1, -(-len(joined) // VIEW_WINDOW)))
-        ]
-        self.types: U8Array = self.buf[self.starts] if count else np.zeros(0, np.uint8)
-        # Relation cache generation -> relation id -> Relation in force.
-        self.generations: list[dict[int, Relation]] = []
         self.runs: list[DataRun] = []  # every run of data messages, committed or not
-        self.raw_text = raw_text
-
-    def lsn(self, index: int) -> Lsn | None:
-        return None if self.lsns is None else Lsn(int(self.lsns[index]))
-
-    def fail_message(self, index: int, gen: int | None = None, prefix: int = 0) -> NoReturn:
-        """Re-decode one message with the per-message decoder, which raises the precise error."""
-        relations = RelationCache()
-        if gen is not None:
-            for relation in self.generations[gen].values():
-                relations.add(relation)
-        decoder = PgOutputDecoder(self.decoder.protocol_version, relations)
-        decoder.in_stream = prefix > 0
-        decoder.decode(self.messages[index], self.lsn(index))
-        raise PgOutputDecodeError(
-            "message failed a columnar consistency check", message_type=chr(self.types[index]), offset=0,
-            lsn=self.lsn(index),
-        )  # fmt: skip
-
-    def fail_at(self, position: int, reason: str) -> NoReturn:
-        """Raise a decode error for the byte at ``position`` of the joined buffer."""
-        index = int(np.searchsorted(self.ends, position, side="right"))
-        raise PgOutputDecodeError(
-            reason,
-            message_type=chr(self.types[index]),
-            offset=position - int(self.starts[index]),
-            lsn=self.lsn(index),
-        )
 
     def plain_transactions(self) -> tuple[CommittedRows, TransactionColumns, list[LogicalMessage]] | None:
         """The common case without a Python step per transaction: only Begin .. Commit blocks.
@@ -313,10 +223,10 @@ class MessageBatch:
         seq, trunc_seq, changes = _sequence(data, txn_of, begins, truncates)
         starts = self.starts[commits]
         per_txn = TransactionColumns(
-            xid=self.be32(self.starts[begins] + 17),
-            commit_lsn=self._quads[starts + 2].astype(np.int64),
-            end_lsn=self._quads[starts + 10].astype(np.int64),
-            commit_time=self._quads[starts + 18].astype(np.int64),
+            xid=self.be32(self.starts[begins] + _BEGIN_XID),
+            commit_lsn=self.be64(starts + _COMMIT_LSN),
+            end_lsn=self.be64(starts + _COMMIT_END_LSN),
+            commit_time=self.be64(starts + _COMMIT_TIME),
             changes=changes,
             streamed=np.zeros(len(begins), dtype=np.bool_),
             gid={},
@@ -428,10 +338,6 @@ class MessageBatch:
             return False
         self.generations.append(current)
         return True
-
-    def be32(self, positions: Int64Array) -> Int64Array:
-        """Big-endian unsigned 32-bit values at each position (positions must be in bounds)."""
-        return self._words[positions].astype(np.int64)
 
     def committed_rows(self, tracker: TransactionTracker) -> tuple[CommittedRows, Int64Array]:
         """The data rows of the committed transactions, and each transaction's change count."""

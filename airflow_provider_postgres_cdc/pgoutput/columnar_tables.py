@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 
 from airflow_provider_postgres_cdc.pgoutput.arrow import (
     UNCHANGED_OLD,
     Int64Array,
+    RawColumns,
     TableChanges,
     VersionKeys,
-    _Columns,
     build_batches,
     table_relation,
 )
-from airflow_provider_postgres_cdc.pgoutput.columnar_tuples import (
-    _UNCHANGED_KIND,
-    parse_rows,
-    unchanged_lists,
-)
-from airflow_provider_postgres_cdc.pgoutput.messages import MessageType, Relation
-
-if TYPE_CHECKING:
-    from airflow_provider_postgres_cdc.pgoutput.columnar import CommittedRows, MessageBatch
-    from airflow_provider_postgres_cdc.pgoutput.columnar_transactions import TransactionColumns
+from airflow_provider_postgres_cdc.pgoutput.columnar_buffer import MessageBuffer
+from airflow_provider_postgres_cdc.pgoutput.columnar_transactions import CommittedRows, TransactionColumns
+from airflow_provider_postgres_cdc.pgoutput.columnar_tuples import parse_rows, unchanged_lists
+from airflow_provider_postgres_cdc.pgoutput.messages import MessageType, Relation, TupleKind
 
 _OPS = pa.array(["I", "U", "D", "T"], pa.string())
 _OP_CODE = np.zeros(256, dtype=np.int64)
@@ -34,7 +26,7 @@ _OP_CODE[MessageType.DELETE] = 2
 
 
 def relation_tables(
-    batch: MessageBatch, rows: CommittedRows, per_txn: TransactionColumns, max_rows: int
+    batch: MessageBuffer, rows: CommittedRows, per_txn: TransactionColumns, max_rows: int
 ) -> list[TableChanges]:
     """Group the rows by relation version and build each version's table."""
     relation_ids = batch.be32(batch.starts[rows.msg] + 1 + rows.prefix) if len(rows.msg) else rows.msg
@@ -79,19 +71,19 @@ def relation_tables(
 
 
 def _relation_rows(
-    batch: MessageBatch,
+    batch: MessageBuffer,
     relation: Relation,
     rows: CommittedRows,
     selected: Int64Array,
     truncates: list[tuple[int, int, int]],
     per_txn: TransactionColumns,
-) -> tuple[_Columns, tuple[int, int]]:
+) -> tuple[RawColumns, tuple[int, int]]:
     msg = rows.msg[selected]
     txn = rows.txn[selected]
     seq = rows.seq[selected]
     parsed = parse_rows(batch, msg, rows.prefix[selected], rows.gen[selected], len(relation.columns))
     for kind, start in zip(parsed.old.kind, parsed.old.start, strict=True):
-        unchanged = np.flatnonzero(kind == _UNCHANGED_KIND)
+        unchanged = np.flatnonzero(kind == TupleKind.UNCHANGED_TOAST.value)
         if len(unchanged):
             batch.fail_at(int(start[unchanged[0]]) - 5, UNCHANGED_OLD)  # at the kind byte
     op_code = _OP_CODE[batch.types[msg]]
@@ -112,7 +104,7 @@ def _relation_rows(
     unchanged = unchanged_lists(parsed.new, new_rows, len(seq), names)
     new = parsed.new.dense(new_rows, len(seq))
     old = parsed.old.dense(old_rows, len(seq))
-    raw = _Columns(
+    raw = RawColumns(
         op=_OPS.take(pa.array(op_code)),
         commit_lsn=per_txn.commit_lsn[txn],
         end_lsn=per_txn.end_lsn[txn],

@@ -1,17 +1,16 @@
 """Which data messages of a columnar batch belong to which transaction, and which of those commit.
 
-The columnar decoder (:mod:`.columnar`) never decodes a data message one at a time, so it cannot
-use :class:`~.assembly.TransactionAssembler`, which collects decoded ``RowChange`` objects (a
-Python object per row and per value) and spills them pickled. The :class:`TransactionTracker`
-here sees only the control messages (Begin, Commit, Stream Start/Stop/Commit/Abort, two-phase)
-and records, per transaction, *runs* of message indices (:class:`DataRun`) between them; the
-rows are parsed later, all at once, from the runs of the transactions that committed. Nor is it
-``engine/sequencing.py``'s ``Sequencer``, which works before any decoding, on raw bytes and
-without the relation cache, to put whole committed transactions in commit order and spill them:
-the drain feeds the decoder only what the sequencer released (plain protocol-1 transactions,
-which take the decoder's fast path without this tracker). The tracker serves input that still
-interleaves streamed and two-phase transactions: ``BatchDecoder.decode`` on a raw capture, as the
-tests and ``benchmarks/decode.py`` use it.
+The columnar decoder (:mod:`.columnar`) never decodes a data message one at a time, so nothing
+here holds a row: the :class:`TransactionTracker` sees only the control messages (Begin, Commit,
+Stream Start/Stop/Commit/Abort, two-phase) and records, per transaction, *runs* of message
+indices (:class:`DataRun`) between them; the rows are parsed later, all at once, from the runs of
+the transactions that committed (:class:`CommittedRows`). Nor is it ``engine/sequencing.py``'s
+``Sequencer``, which works before any decoding, on raw bytes and without the relation cache, to
+put whole committed transactions in commit order and spill them: the drain feeds the decoder
+only what the sequencer released (plain protocol-1 transactions, which take the decoder's fast
+path without this tracker). The tracker serves input that still interleaves streamed and
+two-phase transactions: ``BatchDecoder.decode`` on a raw capture, as the tests and
+``benchmarks/decode.py`` use it.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.pgtypes import PG_EPOCH_US
 from airflow_provider_postgres_cdc.pgoutput.arrow import (
     TRANSACTION_SCHEMA,
     BoolArray,
@@ -31,7 +31,6 @@ from airflow_provider_postgres_cdc.pgoutput.arrow import (
     check_stageable,
 )
 from airflow_provider_postgres_cdc.pgoutput.messages import (
-    PG_EPOCH_US,
     Begin,
     BeginPrepare,
     Commit,
@@ -87,6 +86,24 @@ class CommittedTransaction:
     commit_time: int
     gid: str | None
     streamed: bool
+
+
+@dataclass(slots=True)
+class CommittedRows:
+    """Committed data rows in commit order: message index, transaction ordinal, seq, generation."""
+
+    msg: Int64Array
+    txn: Int64Array
+    seq: Int64Array
+    gen: Int64Array
+    prefix: Int64Array
+    truncates: list[tuple[int, int, Relation, int]]  # (txn ordinal, seq, relation, options)
+
+    def continuing(self, first_seq: int) -> CommittedRows:
+        """The same rows with the first transaction's changes numbered from ``first_seq``."""
+        seq = self.seq + np.where(self.txn == 0, first_seq, 0)
+        truncates = [(t, s + (first_seq if t == 0 else 0), r, o) for t, s, r, o in self.truncates]
+        return CommittedRows(self.msg, self.txn, seq, self.gen, self.prefix, truncates)
 
 
 @dataclass(slots=True)

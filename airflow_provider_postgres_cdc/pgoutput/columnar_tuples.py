@@ -9,21 +9,15 @@ the batch then re-decodes one message at a time to raise the precise error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from airflow_provider_postgres_cdc.pgoutput.arrow import MIXED_FORMATS, BoolArray, Int64Array
+from airflow_provider_postgres_cdc.pgoutput.columnar_buffer import VIEW_WINDOW, MessageBuffer, U8Array
 from airflow_provider_postgres_cdc.pgoutput.messages import MessageType, TupleKind
 from airflow_provider_postgres_cdc.values.raw_text import escape_raw_text
 
-if TYPE_CHECKING:
-    from airflow_provider_postgres_cdc.pgoutput.columnar import MessageBatch
-
-U8Array = npt.NDArray[np.uint8]
-VIEW_WINDOW = 1 << 30  # string_view offsets are int32: data buffers are 2 GiB windows every 1 GiB.
 _KEY_TUPLE, _OLD_TUPLE, _NEW_TUPLE = ord("K"), ord("O"), ord("N")
 _TEXT_KIND, _BINARY_KIND = TupleKind.TEXT.value, TupleKind.BINARY.value
 _UNCHANGED_KIND, _NULL_KIND = TupleKind.UNCHANGED_TOAST.value, TupleKind.NULL.value
@@ -52,7 +46,7 @@ class TupleColumns:
             lengths[-1][rows] = length
         return TupleColumns(kinds, starts, lengths)
 
-    def arrays(self, batch: MessageBatch) -> list[pa.Array]:
+    def arrays(self, batch: MessageBuffer) -> list[pa.Array]:
         out = []
         for kind, start, length in zip(self.kind, self.start, self.length, strict=True):
             binary = kind == _BINARY_KIND
@@ -110,7 +104,7 @@ def _first_invalid_utf8(values: pa.Array) -> int:
     return 0
 
 
-def binary_view(batch: MessageBatch, start: Int64Array, length: Int64Array, valid: BoolArray) -> pa.Array:
+def binary_view(batch: MessageBuffer, start: Int64Array, length: Int64Array, valid: BoolArray) -> pa.Array:
     """An Arrow binary_view array over the joined buffer: values are not copied, only viewed.
 
     Each 16-byte view is gathered from the 4 bytes before the value (its big-endian length, then
@@ -147,7 +141,7 @@ class RowChecker:
     any overrun shows in the final position, which :func:`parse_rows` compares with the end.
     """
 
-    def __init__(self, batch: MessageBatch, msg: Int64Array, prefix: Int64Array, gen: Int64Array) -> None:
+    def __init__(self, batch: MessageBuffer, msg: Int64Array, prefix: Int64Array, gen: Int64Array) -> None:
         self.batch = batch
         self.msg = msg
         self.prefix = prefix
@@ -196,7 +190,7 @@ def parse_tuples(
 
 
 def parse_rows(
-    batch: MessageBatch, msg: Int64Array, prefix: Int64Array, gen: Int64Array, width: int
+    batch: MessageBuffer, msg: Int64Array, prefix: Int64Array, gen: Int64Array, width: int
 ) -> ParsedRows:
     """Parse the Insert/Update/Delete messages ``msg`` of one relation version, all at once."""
     check = RowChecker(batch, msg, prefix, gen)

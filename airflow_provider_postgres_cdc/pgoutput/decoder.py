@@ -1,8 +1,12 @@
-"""The generic, per-message pgoutput decoder: bytes in, one typed message out.
+"""The per-message pgoutput decoder: bytes in, one typed message out.
 
-Used by ``pgcdc peek``, by the tests, and as the reference and slow path of the columnar
-decoder (:mod:`.arrow`). It does no I/O: the caller hands it each message's bytes (one row of
-``pg_logical_slot_peek_binary_changes`` or the payload of one XLogData message).
+The columnar decoder (:mod:`.columnar`) sends it the control messages (Relation, Type, Origin,
+Truncate, Message, streaming and two-phase messages, and Begin and Commit outside its bulk path:
+the relation cache and streaming state they update are kept here) and, when its vector checks
+find a malformed data message, that message, to raise the precise error.
+``pgcdc peek`` prints what it returns for every message. It does no I/O: the caller hands it
+each message's bytes (one row of ``pg_logical_slot_peek_binary_changes`` or the payload of one
+XLogData message).
 
 Every failure is one :class:`PgOutputDecodeError` naming the message type, the byte offset inside
 the message and the LSN when known: a truncated buffer, a length running past the end, an
@@ -17,6 +21,10 @@ from collections.abc import Callable
 from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.pgoutput.messages import (
+    STREAMING_TYPES,
+    TRUNCATE_CASCADE,
+    TRUNCATE_RESTART_IDENTITY,
+    TWO_PHASE_TYPES,
     Begin,
     BeginPrepare,
     Column,
@@ -43,6 +51,18 @@ from airflow_provider_postgres_cdc.pgoutput.messages import (
     Update,
 )
 from airflow_provider_postgres_cdc.pgoutput.relations import RelationCache
+from airflow_provider_postgres_cdc.pgoutput.wire import (
+    BEGIN,
+    BEGIN_PREPARE_HEAD,
+    COLUMN_TAIL,
+    COMMIT,
+    PREPARE_HEAD,
+    ROLLBACK_PREPARED_HEAD,
+    STREAM_ABORT,
+    STREAM_ABORT_V4,
+    STREAM_COMMIT,
+    STREAM_START,
+)
 
 _U8 = struct.Struct("!B")
 _I16 = struct.Struct("!h")
@@ -50,16 +70,6 @@ _U32 = struct.Struct("!I")
 _I32 = struct.Struct("!i")
 _U64 = struct.Struct("!Q")
 _I64 = struct.Struct("!q")
-_BEGIN = struct.Struct("!QqI")
-_COMMIT = struct.Struct("!BQQq")
-_STREAM_COMMIT = struct.Struct("!IBQQq")
-_STREAM_START = struct.Struct("!IB")
-_STREAM_ABORT = struct.Struct("!II")
-_STREAM_ABORT_V4 = struct.Struct("!IIQq")
-_PREPARE_HEAD = struct.Struct("!BQQqI")
-_BEGIN_PREPARE_HEAD = struct.Struct("!QQqI")
-_ROLLBACK_PREPARED_HEAD = struct.Struct("!BQQqqI")
-_COLUMN_TAIL = struct.Struct("!Ii")
 
 _TEXT = TupleKind.TEXT
 _BINARY = TupleKind.BINARY
@@ -79,13 +89,9 @@ _STREAMED_XID_TYPES = frozenset(
 
 
 # Messages that exist only from a protocol version on: streaming (2) and two-phase commit (3).
-_MIN_VERSION = {
-    **dict.fromkeys(b"SEcA", 2),
-    **dict.fromkeys(b"bPKrp", 3),
-}
+_MIN_VERSION: dict[int, int] = {**dict.fromkeys(STREAMING_TYPES, 2), **dict.fromkeys(TWO_PHASE_TYPES, 3)}
 
-
-_TRUNCATE_OPTIONS = 0b11
+_TRUNCATE_OPTIONS = TRUNCATE_CASCADE | TRUNCATE_RESTART_IDENTITY
 
 
 class _Reader:
@@ -233,7 +239,7 @@ class PgOutputDecoder:
         for _ in range(count):
             flags = reader.byte()
             column_name = reader.string()
-            type_oid, typmod = reader.unpack(_COLUMN_TAIL)
+            type_oid, typmod = reader.unpack(COLUMN_TAIL)
             columns.append(Column(flags, column_name, type_oid, typmod))
         relation = Relation(xid, relation_id, namespace, name, identity, tuple(columns))
         self.relations.add(relation)
@@ -304,7 +310,7 @@ class PgOutputDecoder:
         return Truncate(xid, options, tuple(ids))
 
     def _stream_start(self, reader: _Reader, xid: int | None) -> StreamStart:
-        stream_xid, first = reader.unpack(_STREAM_START)
+        stream_xid, first = reader.unpack(STREAM_START)
         self.in_stream = True
         return StreamStart(stream_xid, bool(first))
 
@@ -314,20 +320,20 @@ class PgOutputDecoder:
 
     def _stream_abort(self, reader: _Reader, xid: int | None) -> StreamAbort:
         # Protocol 4 adds abort LSN and time only with streaming = parallel: tell by the length.
-        if self.protocol_version >= 4 and len(reader.data) == 1 + _STREAM_ABORT_V4.size:
-            top, sub, abort_lsn, abort_time = reader.unpack(_STREAM_ABORT_V4)
+        if self.protocol_version >= 4 and len(reader.data) == 1 + STREAM_ABORT_V4.size:
+            top, sub, abort_lsn, abort_time = reader.unpack(STREAM_ABORT_V4)
             return StreamAbort(top, sub, Lsn(abort_lsn), abort_time)
-        top, sub = reader.unpack(_STREAM_ABORT)
+        top, sub = reader.unpack(STREAM_ABORT)
         return StreamAbort(top, sub)
 
 
 def _begin(reader: _Reader, xid: int | None) -> Begin:
-    final_lsn, commit_time, begin_xid = reader.unpack(_BEGIN)
+    final_lsn, commit_time, begin_xid = reader.unpack(BEGIN)
     return Begin(Lsn(final_lsn), commit_time, begin_xid)
 
 
 def _commit(reader: _Reader, xid: int | None) -> Commit:
-    flags, commit_lsn, end_lsn, commit_time = reader.unpack(_COMMIT)
+    flags, commit_lsn, end_lsn, commit_time = reader.unpack(COMMIT)
     return Commit(flags, Lsn(commit_lsn), Lsn(end_lsn), commit_time)
 
 
@@ -345,28 +351,28 @@ def _logical_message(reader: _Reader, xid: int | None) -> LogicalMessage:
 
 
 def _stream_commit(reader: _Reader, xid: int | None) -> StreamCommit:
-    stream_xid, flags, commit_lsn, end_lsn, commit_time = reader.unpack(_STREAM_COMMIT)
+    stream_xid, flags, commit_lsn, end_lsn, commit_time = reader.unpack(STREAM_COMMIT)
     return StreamCommit(stream_xid, flags, Lsn(commit_lsn), Lsn(end_lsn), commit_time)
 
 
 def _begin_prepare(reader: _Reader, xid: int | None) -> BeginPrepare:
-    prepare_lsn, end_lsn, prepare_time, prepare_xid = reader.unpack(_BEGIN_PREPARE_HEAD)
+    prepare_lsn, end_lsn, prepare_time, prepare_xid = reader.unpack(BEGIN_PREPARE_HEAD)
     return BeginPrepare(Lsn(prepare_lsn), Lsn(end_lsn), prepare_time, prepare_xid, reader.string())
 
 
 def _prepare(reader: _Reader, xid: int | None) -> Prepare:
-    flags, prepare_lsn, end_lsn, prepare_time, prepare_xid = reader.unpack(_PREPARE_HEAD)
+    flags, prepare_lsn, end_lsn, prepare_time, prepare_xid = reader.unpack(PREPARE_HEAD)
     return Prepare(flags, Lsn(prepare_lsn), Lsn(end_lsn), prepare_time, prepare_xid, reader.string())
 
 
 def _commit_prepared(reader: _Reader, xid: int | None) -> CommitPrepared:
-    flags, commit_lsn, end_lsn, commit_time, commit_xid = reader.unpack(_PREPARE_HEAD)
+    flags, commit_lsn, end_lsn, commit_time, commit_xid = reader.unpack(PREPARE_HEAD)
     return CommitPrepared(flags, Lsn(commit_lsn), Lsn(end_lsn), commit_time, commit_xid, reader.string())
 
 
 def _rollback_prepared(reader: _Reader, xid: int | None) -> RollbackPrepared:
     flags, prepare_end, rollback_end, prepare_time, rollback_time, rb_xid = reader.unpack(
-        _ROLLBACK_PREPARED_HEAD
+        ROLLBACK_PREPARED_HEAD
     )
     return RollbackPrepared(
         flags, Lsn(prepare_end), Lsn(rollback_end), prepare_time, rollback_time, rb_xid, reader.string()
@@ -374,5 +380,5 @@ def _rollback_prepared(reader: _Reader, xid: int | None) -> RollbackPrepared:
 
 
 def _stream_prepare(reader: _Reader, xid: int | None) -> StreamPrepare:
-    flags, prepare_lsn, end_lsn, prepare_time, prepare_xid = reader.unpack(_PREPARE_HEAD)
+    flags, prepare_lsn, end_lsn, prepare_time, prepare_xid = reader.unpack(PREPARE_HEAD)
     return StreamPrepare(flags, Lsn(prepare_lsn), Lsn(end_lsn), prepare_time, prepare_xid, reader.string())

@@ -3,7 +3,7 @@
 Field names and order follow the PostgreSQL message-format page,
 https://www.postgresql.org/docs/15/protocol-logicalrep-message-formats.html (and the version 16+
 page for the protocol 4 Stream Abort fields). Timestamps are kept as PostgreSQL sends them:
-microseconds since 2000-01-01 00:00 UTC (:data:`PG_EPOCH_US` converts to the Unix epoch).
+microseconds since 2000-01-01 00:00 UTC (``formats.pgtypes.pg_timestamp`` makes them datetimes).
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import enum
 from dataclasses import dataclass
 
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-
-PG_EPOCH_US = 946_684_800_000_000
-"""Microseconds from 1970-01-01 to 2000-01-01: add to a PostgreSQL timestamp for Unix time."""
 
 
 class MessageType(enum.IntEnum):
@@ -41,6 +38,27 @@ class MessageType(enum.IntEnum):
     STREAM_PREPARE = ord("p")
 
 
+STREAMING_TYPES = frozenset(
+    {
+        MessageType.STREAM_START,
+        MessageType.STREAM_STOP,
+        MessageType.STREAM_COMMIT,
+        MessageType.STREAM_ABORT,
+    }
+)
+"""Messages of streamed transactions, sent from protocol version 2 on."""
+TWO_PHASE_TYPES = frozenset(
+    {
+        MessageType.BEGIN_PREPARE,
+        MessageType.PREPARE,
+        MessageType.COMMIT_PREPARED,
+        MessageType.ROLLBACK_PREPARED,
+        MessageType.STREAM_PREPARE,
+    }
+)
+"""Messages of two-phase transactions, sent from protocol version 3 on."""
+
+
 class TupleKind(enum.IntEnum):
     """The kind byte before each TupleData column value."""
 
@@ -51,7 +69,9 @@ class TupleKind(enum.IntEnum):
 
 
 TRUNCATE_CASCADE = 1
+"""Truncate option bit: the relations were truncated with CASCADE."""
 TRUNCATE_RESTART_IDENTITY = 2
+"""Truncate option bit: RESTART IDENTITY."""
 
 
 @dataclass(slots=True, frozen=True)

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_postgres_cdc.errors import UnsupportedBinaryTypeError
-from airflow_provider_postgres_cdc.formats.pgtypes import pg_type_name
+from airflow_provider_postgres_cdc.formats.pgtypes import PG_EPOCH_DAYS, PG_EPOCH_US, pg_type_name
 from airflow_provider_postgres_cdc.values.arrow_types import (
     OID_BOOL,
     OID_BYTEA,
@@ -41,8 +41,6 @@ _FIXED_BINARY: dict[int, str] = {
 # Types whose send format is their text in the server encoding (UTF-8 here).
 _TEXT_BINARY = frozenset({19, 25, 114, 142, 1042, 1043})
 _JSONB, _UUID, _DATE, _TIMESTAMPTZ = 3802, 2950, 1082, 1184
-_PG_EPOCH_DAYS = 10_957
-_PG_EPOCH_US = 946_684_800_000_000
 _DAY_US = 86_400_000_000
 # date32 and timestamp[us] bounds that keep values in years 1..9999, like the text route.
 _DATE_RANGE = (-719_162, 2_932_896)
@@ -123,16 +121,16 @@ def _fixed_binary(values: pa.Array, type_oid: int, target: pa.DataType) -> tuple
         return pa.array(texts, pa.string()), None
     if type_oid == _DATE:
         days = numbers.astype(np.int64)
-        outside = _outside(days + _PG_EPOCH_DAYS, valid, _DATE_RANGE)
+        outside = _outside(days + PG_EPOCH_DAYS, valid, _DATE_RANGE)
         days[outside] = 0
-        typed = pa.array((days + _PG_EPOCH_DAYS).astype(np.int32), pa.int32(), mask=~valid | outside)
+        typed = pa.array((days + PG_EPOCH_DAYS).astype(np.int32), pa.int32(), mask=~valid | outside)
         return typed.cast(target), _overflow_texts(numbers, outside, _date_text)
     if pa.types.is_timestamp(target):
         micros = numbers.astype(np.int64)
-        bounds = (_TIMESTAMP_RANGE[0] - _PG_EPOCH_US, _TIMESTAMP_RANGE[1] - _PG_EPOCH_US)
+        bounds = (_TIMESTAMP_RANGE[0] - PG_EPOCH_US, _TIMESTAMP_RANGE[1] - PG_EPOCH_US)
         outside = _outside(micros, valid, bounds)
         micros[outside] = 0
-        typed = pa.array(micros + _PG_EPOCH_US, pa.int64(), mask=~valid | outside).cast(target)
+        typed = pa.array(micros + PG_EPOCH_US, pa.int64(), mask=~valid | outside).cast(target)
         zone = "+00" if type_oid == _TIMESTAMPTZ else ""
         return typed, _overflow_texts(numbers, outside, lambda v: _timestamp_text(v, zone))
     return pa.array(numbers, mask=~valid).cast(target), None
@@ -187,14 +185,14 @@ def _ymd_text(days: int) -> tuple[str, str]:
 def _date_text(pg_days: int) -> str:
     if pg_days in _DATE_INFINITIES:
         return _DATE_INFINITIES[pg_days]
-    text, era = _ymd_text(pg_days + _PG_EPOCH_DAYS)
+    text, era = _ymd_text(pg_days + PG_EPOCH_DAYS)
     return text + era
 
 
 def _timestamp_text(pg_micros: int, zone: str) -> str:
     if pg_micros in _TIMESTAMP_INFINITIES:
         return _TIMESTAMP_INFINITIES[pg_micros]
-    days, micros = divmod(pg_micros + _PG_EPOCH_US, _DAY_US)
+    days, micros = divmod(pg_micros + PG_EPOCH_US, _DAY_US)
     text, era = _ymd_text(days)
     return f"{text} {time_text(micros)}{zone}{era}"
 

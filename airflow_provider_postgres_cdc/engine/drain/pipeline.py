@@ -18,7 +18,8 @@ from airflow_provider_postgres_cdc.engine.drain.settings import DrainSettings
 from airflow_provider_postgres_cdc.engine.drain.stager import BatchStager
 from airflow_provider_postgres_cdc.engine.sequencing import MemoryBudget, Piece, Sequencer
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.pgoutput import BatchDecoder, DecodedBatch
+from airflow_provider_postgres_cdc.pgoutput.arrow import DecodedBatch
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
 from airflow_provider_postgres_cdc.replication import connect_replication
 from airflow_provider_postgres_cdc.replication.connection import ConnParams, read_raw_text, stores_raw_text
 from airflow_provider_postgres_cdc.replication.features import PROTOCOL_4, require

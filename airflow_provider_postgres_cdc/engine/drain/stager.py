@@ -14,7 +14,8 @@ from airflow_provider_postgres_cdc.formats.layout import change_part_prefix, tab
 from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, TableManifest
 from airflow_provider_postgres_cdc.formats.pgtypes import pg_type_name
 from airflow_provider_postgres_cdc.formats.schema_changes import RelationVersion, SourceColumn
-from airflow_provider_postgres_cdc.pgoutput import Relation, TableChanges
+from airflow_provider_postgres_cdc.pgoutput.arrow import TableChanges
+from airflow_provider_postgres_cdc.pgoutput.messages import Relation
 from airflow_provider_postgres_cdc.values import overflow
 
 

@@ -16,10 +16,9 @@ counts in ``pg_stat_replication_slots`` like any other decoding.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg2
@@ -32,6 +31,9 @@ from airflow_provider_postgres_cdc.errors import (
     PgOutputDecodeError,
     SlotNotFoundError,
 )
+from airflow_provider_postgres_cdc.formats.pgtypes import pg_timestamp
+from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
+from airflow_provider_postgres_cdc.pgoutput.messages import Begin
 from airflow_provider_postgres_cdc.replication.publications import publication_names_option
 from airflow_provider_postgres_cdc.replication.slots import (
     OUTPUT_PLUGIN,
@@ -62,26 +64,22 @@ _PEEK_SQL = (
     "SELECT data, clock_timestamp() FROM pg_logical_slot_peek_binary_changes(%s, NULL, 1, "
     "'proto_version', '1', 'publication_names', %s) LIMIT 1"
 )
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
-_BEGIN_MESSAGE = struct.Struct("!BQqI")
 
 
 def begin_commit_time(data: bytes) -> datetime:
     """The commit time in a pgoutput Begin message (the first row of a peeked transaction).
 
-    Begin is ``'B'``, Int64 final LSN, Int64 commit time (microseconds since 2000-01-01 UTC),
-    Int32 xid. It is unpacked here rather than by ``pgoutput.PgOutputDecoder`` because importing
-    the ``pgoutput`` package loads pyarrow and numpy, a second of DAG-parse time for every DAG
-    that uses the sensor.
+    The package's per-message decoder reads it; importing it loads neither numpy nor pyarrow, so
+    the sensor and trigger that measure slots stay light to import.
     """
-    if len(data) != _BEGIN_MESSAGE.size or data[0] != ord("B"):
+    message = PgOutputDecoder().decode(data)
+    if not isinstance(message, Begin):
         raise PgOutputDecodeError(
-            f"expected a {_BEGIN_MESSAGE.size}-byte Begin message first in a peeked transaction",
-            message_type=chr(data[0]) if data else "?",
+            f"expected a Begin message first in a peeked transaction, got {type(message).__name__}",
+            message_type=chr(data[0]),
             offset=0,
         )
-    _, _, commit_time, _ = _BEGIN_MESSAGE.unpack(data)
-    return _PG_EPOCH + timedelta(microseconds=commit_time)
+    return pg_timestamp(message.commit_time)
 
 
 def _slot_stats(row: tuple[Any, ...] | None) -> tuple[datetime | None, SlotStats | None]:

@@ -3,7 +3,7 @@
 * cross-check: for a mixed workload, the decoded change list equals what the ``test_decoding``
   plugin reports for the same changes (a second slot created at the same point);
 * captures: the stored golden captures still match what the server sends today;
-* random workloads from the server: the columnar route equals the reference route;
+* random workloads from the server: the drain's columnar decoder equals the test oracle;
 * ``pgcdc peek`` prints the pending changes and leaves the slot where it was.
 """
 
@@ -22,15 +22,12 @@ import pytest
 
 from airflow_provider_postgres_cdc.cli import peek as peek_command
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.pgoutput import (
-    BatchDecoder,
-    PgOutputDecoder,
-    Transaction,
-    assemble,
-    transactions_to_tables,
-)
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
+from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
 from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.data.pgoutput import capture
+from tests.oracle.assembly import Transaction, committed_transactions
+from tests.oracle.tables import reference_tables
 from tests.pg_majors import ALSO_ON_PG18
 
 pytestmark = pytest.mark.integration
@@ -158,9 +155,9 @@ def test_changes_equal_test_decoding_for_a_mixed_workload(
         pg_cluster.execute(statement, db)
     wait_flushed(pg_cluster, db)
     rows = peek_rows(pg_cluster, db, "po")
-    decoder = PgOutputDecoder(1)
-    items = ((Lsn.parse(lsn), decoder.decode(data, Lsn.parse(lsn)), len(data)) for lsn, _, data in rows)
-    transactions = [e for e in assemble(items, decoder.relations) if isinstance(e, Transaction)]
+    transactions = committed_transactions(
+        [data for _, _, data in rows], 1, [Lsn.parse(lsn) for lsn, _, _ in rows]
+    )
     ours = pgoutput_changes(transactions)
     theirs = changes_from_test_decoding(pg_cluster, db)
     assert len(ours) > 400
@@ -233,9 +230,7 @@ def test_columnar_route_equals_reference_on_server_workloads(
         pg_cluster.execute(statement, db)
     wait_flushed(pg_cluster, db)
     messages = [data for _, _, data in peek_rows(pg_cluster, db, "po")]
-    decoder = PgOutputDecoder(1)
-    events = assemble(((None, decoder.decode(m), len(m)) for m in messages), decoder.relations)
-    reference = transactions_to_tables([e for e in events if isinstance(e, Transaction)])
+    reference = reference_tables(messages, 1)
     columnar = BatchDecoder(1).decode(messages).tables
     assert [t.relation for t in columnar] == [t.relation for t in reference]
     assert len(reference) == 2  # before and after the ALTER TABLE

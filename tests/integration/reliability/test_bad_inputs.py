@@ -27,7 +27,7 @@ from airflow_provider_postgres_cdc.engine.drain import DrainResult, DrainSetting
 from airflow_provider_postgres_cdc.engine.snapshot import SnapshotProgress, take_snapshot
 from airflow_provider_postgres_cdc.errors import RECOVERY_DAG
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.pgoutput import BatchDecoder
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
 from airflow_provider_postgres_cdc.replication import connect, connect_replication, create_slot
 from airflow_provider_postgres_cdc.testing import PostgresCluster, S3Server
 

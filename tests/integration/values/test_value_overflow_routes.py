@@ -1,4 +1,4 @@
-"""pgoutput's text and binary routes stage the same typed values and overflow siblings (issue 13, items 4, 5).
+"""pgoutput's text and binary routes stage the same typed values and overflow siblings.
 
 Values come from a live server: the same changes are peeked once as text and once with the
 ``binary`` option, decoded by the columnar decoder, and must give equal tables whose sibling
@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_postgres_cdc.formats.manifest import sibling_name
-from airflow_provider_postgres_cdc.pgoutput import BatchDecoder
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
 from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 pytestmark = pytest.mark.integration

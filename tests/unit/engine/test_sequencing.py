@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_postgres_cdc.engine.sequencing import MemoryBudget, Piece, Sequencer
 from airflow_provider_postgres_cdc.errors import SequencingError
-from airflow_provider_postgres_cdc.pgoutput import BatchDecoder
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
 from airflow_provider_postgres_cdc.replication.raw_messages import RawMessages
 
 from ..conftest import Capture

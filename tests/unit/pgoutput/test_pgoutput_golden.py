@@ -1,7 +1,9 @@
 """Golden tests: messages captured from a real PostgreSQL 15 server (tests/data/pgoutput/capture.py).
 
 Each test pins what the server sent for a known workload, field by field, so a decoder that reads
-a field with the wrong width or confuses unchanged TOAST with NULL fails here.
+a field with the wrong width or confuses unchanged TOAST with NULL fails here: the per-message
+decoder's messages, and the change tables of the drain's columnar decoder (compared with the
+test oracle's where both apply).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import pytest
 
 from airflow_provider_postgres_cdc.errors import UnsupportedBinaryTypeError
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.pgoutput import (
-    PG_EPOCH_US,
-    BatchDecoder,
+from airflow_provider_postgres_cdc.formats.pgtypes import pg_timestamp
+from airflow_provider_postgres_cdc.pgoutput.arrow import DecodedBatch
+from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
+from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
+from airflow_provider_postgres_cdc.pgoutput.messages import (
     Begin,
     BeginPrepare,
     Commit,
@@ -27,7 +31,6 @@ from airflow_provider_postgres_cdc.pgoutput import (
     LogicalMessage,
     Message,
     Origin,
-    PgOutputDecoder,
     Prepare,
     Relation,
     RollbackPrepared,
@@ -36,13 +39,12 @@ from airflow_provider_postgres_cdc.pgoutput import (
     StreamPrepare,
     StreamStart,
     StreamStop,
-    Transaction,
     Truncate,
     Type,
     Update,
-    assemble,
-    transactions_to_tables,
 )
+from tests.oracle.assembly import committed_transactions
+from tests.oracle.tables import assert_same_tables, transactions_to_tables
 
 
 def decode_all(capture: Any) -> list[Message]:
@@ -50,12 +52,13 @@ def decode_all(capture: Any) -> list[Message]:
     return [decoder.decode(m, lsn) for m, lsn in zip(capture.messages, capture.lsns, strict=True)]
 
 
-def transactions(capture: Any) -> list[Transaction]:
-    decoder = PgOutputDecoder(capture.protocol_version)
-    items = (
-        (Lsn(lsn), decoder.decode(m), len(m)) for m, lsn in zip(capture.messages, capture.lsns, strict=True)
-    )
-    return [e for e in assemble(items, decoder.relations) if isinstance(e, Transaction)]
+def decoded(capture: Any) -> DecodedBatch:
+    """What the drain's decoder makes of a whole capture."""
+    return BatchDecoder(capture.protocol_version).decode(capture.messages, capture.lsns)
+
+
+def rows_of(batch: DecodedBatch, table: str) -> list[dict[str, Any]]:
+    return [row for t in batch.tables if t.table_name == table for row in t.to_table().to_pylist()]
 
 
 def of_type(messages: list[Message], kind: type) -> list:  # type: ignore[type-arg]
@@ -73,7 +76,7 @@ def test_proto1_begin_commit_fields_match_the_sql_interface(captures: dict[str, 
         assert begin.commit_time == commit.commit_time
         assert commit.end_lsn > commit.commit_lsn
         # Timestamps are microseconds since 2000-01-01: the capture was made after 2024.
-        assert dt.datetime.fromtimestamp((commit.commit_time + PG_EPOCH_US) / 1e6, dt.UTC).year >= 2024
+        assert pg_timestamp(commit.commit_time).year >= 2024
     # The xid column of pg_logical_slot_peek_binary_changes equals Begin's Int32 xid.
     for message, xid in zip(messages, capture.xids, strict=True):
         if isinstance(message, Begin):
@@ -151,8 +154,7 @@ def test_proto1_truncate_messages_and_origin(captures: dict[str, Any]) -> None:
 
 
 def test_proto1_relation_follows_alter_table(captures: dict[str, Any]) -> None:
-    txns = transactions(captures["proto1"])
-    tables = transactions_to_tables(txns)
+    tables = decoded(captures["proto1"]).tables
     shapes = [[c.name for c in table.relation.columns] for table in tables if table.table_name == "t"]
     assert len(shapes) == 3
     assert "extra" not in shapes[0]
@@ -163,23 +165,17 @@ def test_proto1_relation_follows_alter_table(captures: dict[str, Any]) -> None:
 
 
 def test_proto1_committed_changes_exclude_aborted_work(captures: dict[str, Any]) -> None:
-    txns = transactions(captures["proto1"])
-    full_t = [
-        (c.op, c.new.values[0] if c.new else None)
-        for txn in txns
-        for c in txn.changes
-        if c.relation.name == "full_t" and c.op == "I"
-    ]
-    ids = [v for _, v in full_t]
-    assert b"3" in ids and b"5" in ids
-    assert b"4" not in ids  # rolled back to a savepoint
-    assert b"6" not in ids  # rolled back transaction
-    origin_txn = txns[-1]
-    assert origin_txn.origin is not None and origin_txn.origin.name == "upstream"
+    batch = decoded(captures["proto1"])
+    ids = [row["a"] for row in rows_of(batch, "full_t") if row["_pgl_op"] == "I"]
+    assert 3 in ids and 5 in ids
+    assert 4 not in ids  # rolled back to a savepoint
+    assert 6 not in ids  # rolled back transaction
+    assert batch.transactions.column("origin").to_pylist()[-1] == "upstream"
+    assert batch.transactions.column("origin_lsn").to_pylist()[-1] == Lsn.parse("0/ABCDEF")
 
 
 def test_proto1_typed_arrow_rows(captures: dict[str, Any]) -> None:
-    tables = transactions_to_tables(transactions(captures["proto1"]))
+    tables = decoded(captures["proto1"]).tables
     rows = tables[0].to_table().to_pylist()
     first = rows[0]
     assert first["ts"] == dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC)
@@ -223,26 +219,18 @@ def test_stream_messages_and_assembly(captures: dict[str, Any]) -> None:
     assert sub_abort.abort_lsn is None
     (stream_commit,) = of_type(messages, StreamCommit)
     assert stream_commit.xid == starts[0].xid
-    txns = transactions(capture)
-    assert [t.streamed for t in txns] == [True, False]
-    big = txns[0]
-    ops = [c.op for c in big.changes]
-    assert ops.count("I") == 1200 and ops.count("U") == 10 and ops.count("D") == 1
-    payloads = {c.new.values[1] for c in big.changes if c.op == "I" and c.new is not None}
-    assert payloads == {b"p" * 100}  # the aborted subtransaction's 'q' rows are gone
-    assert (big.xid, big.commit_lsn, big.end_lsn) == (
+    batch = decoded(capture)
+    assert batch.transactions.column("streamed").to_pylist() == [True, False]
+    assert batch.open_xids == []
+    big = batch.transactions.slice(0, 1).to_pylist()[0]
+    assert (big["xid"], big["commit_lsn"], big["end_lsn"]) == (
         stream_commit.xid, stream_commit.commit_lsn, stream_commit.end_lsn
     )  # fmt: skip
-
-
-def test_stream_spilling_gives_the_same_transactions(captures: dict[str, Any], tmp_path: object) -> None:
-    capture = captures["stream"]
-    decoder = PgOutputDecoder(2)
-    items = [(None, decoder.decode(m), len(m)) for m in capture.messages]
-    in_memory = [e for e in assemble(items, decoder.relations) if isinstance(e, Transaction)]
-    spilled = [e for e in assemble(items, decoder.relations, spill_bytes=4096) if isinstance(e, Transaction)]
-    assert [t.changes for t in spilled] == [t.changes for t in in_memory]
-    assert spilled[0].spilled_changes > 1000 and in_memory[0].spilled_changes == 0
+    rows = [row for row in rows_of(batch, "bulk") if row["_pgl_xid"] == big["xid"]]
+    ops = [row["_pgl_op"] for row in rows]
+    assert ops.count("I") == 1200 and ops.count("U") == 10 and ops.count("D") == 1 == big["changes"] - 1210
+    payloads = {row["payload"] for row in rows if row["_pgl_op"] == "I"}
+    assert payloads == {"p" * 100}  # the aborted subtransaction's 'q' rows are gone
 
 
 def test_two_phase_messages_and_assembly(captures: dict[str, Any]) -> None:
@@ -255,10 +243,22 @@ def test_two_phase_messages_and_assembly(captures: dict[str, Any]) -> None:
     assert rollback.gid == "gid-rollback" and rollback.rollback_end_lsn > rollback.prepare_end_lsn
     (stream_prepare,) = of_type(messages, StreamPrepare)
     assert stream_prepare.gid == "gid-stream"
-    txns = transactions(capture)
-    assert [t.gid for t in txns] == ["gid-commit", "gid-stream"]
-    assert [c.new.values[0] for c in txns[0].changes if c.new is not None] == [b"20"]
-    assert len(txns[1].changes) == 1200
+    batch = decoded(capture)
+    assert batch.transactions.column("gid").to_pylist() == ["gid-commit", "gid-stream"]
+    assert batch.transactions.column("changes").to_pylist()[0] == 1
+    assert [row["a"] for row in rows_of(batch, "full_t")] == [20]
+    assert batch.transactions.column("changes").to_pylist()[1] == 1200
+    assert batch.prepared_gids == []
+
+
+def test_decoded_captures_equal_the_oracle(captures: dict[str, Any]) -> None:
+    for name in ("proto1", "stream", "two_phase"):
+        capture = captures[name]
+        batch = decoded(capture)
+        oracle = committed_transactions(capture.messages, capture.protocol_version, capture.lsns)
+        assert_same_tables(batch.tables, transactions_to_tables(oracle))
+        assert batch.transactions.column("xid").to_pylist() == [t.xid for t in oracle]
+        assert batch.transactions.column("changes").to_pylist() == [len(t.changes) for t in oracle]
 
 
 def test_binary_option_values(captures: dict[str, Any]) -> None:
@@ -288,11 +288,11 @@ def test_binary_values_type_like_their_text_form(captures: dict[str, Any]) -> No
     """The same changes sent in binary and in text format give the same typed tables."""
     capture = captures["binary"]
     binary, text = scalars_only(capture, "messages"), scalars_only(capture, "text_messages")
-    inserts = [c for txn in transactions_of(binary) for c in txn.changes if c.op == "I"]
+    inserts = [c for txn in committed_transactions(binary, 1) for c in txn.changes if c.op == "I"]
     assert inserts and all(set(c.new.kinds) <= {ord("b"), ord("n")} for c in inserts if c.new)
     for route in (
         lambda ms: BatchDecoder(1).decode(ms).tables,
-        lambda ms: transactions_to_tables(transactions_of(ms)),
+        lambda ms: transactions_to_tables(committed_transactions(ms, 1)),
     ):
         from_binary = [t.to_table() for t in route(binary) if t.table_name == "scalars"]
         from_text = [t.to_table() for t in route(text) if t.table_name == "scalars"]
@@ -304,12 +304,6 @@ def test_binary_values_type_like_their_text_form(captures: dict[str, Any]) -> No
 def without_nan(table: Any) -> list[str]:
     """Rows as their repr: NaN (here in f8, also inside ``_pgl_old``) equals itself there."""
     return [repr(row) for row in table.to_pylist()]
-
-
-def transactions_of(messages: list[bytes]) -> list[Transaction]:
-    decoder = PgOutputDecoder(1)
-    items = ((None, decoder.decode(m), len(m)) for m in messages)
-    return [e for e in assemble(items, decoder.relations) if isinstance(e, Transaction)]
 
 
 def test_binary_format_of_unsupported_types_is_refused(captures: dict[str, Any]) -> None:

@@ -1,25 +1,25 @@
-"""Transaction assembly: decoded messages in, committed transactions out, in commit order.
+"""Oracle transaction assembly: decoded messages in, committed transactions out, in commit order.
 
 pgoutput sends plain transactions whole (Begin, changes, Commit), but with protocol 2 streaming
 a large transaction arrives in chunks (Stream Start .. Stop, possibly interleaved with other
 transactions) and is only decided by Stream Commit or Stream Abort; with protocol 3 two-phase a
 transaction is sent at PREPARE and decided later by Commit Prepared or Rollback Prepared. The
-assembler buffers each undecided transaction, spilling its changes to a temporary file once it
-holds more than ``spill_bytes``, and releases only committed work: aborted transactions and
-aborted subtransactions leave no trace.
+assembler buffers each undecided transaction in memory, one Python object per change, and
+releases only committed work: aborted transactions and aborted subtransactions leave no trace.
+
+It is written independently of the columnar decoder's transaction tracking, plainly, so the
+tests can compare the two.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
 from airflow_provider_postgres_cdc.pgoutput.messages import (
     Begin,
     BeginPrepare,
@@ -43,8 +43,6 @@ from airflow_provider_postgres_cdc.pgoutput.messages import (
     Update,
 )
 from airflow_provider_postgres_cdc.pgoutput.relations import RelationCache
-
-DEFAULT_SPILL_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,56 +80,21 @@ class Transaction:
     origin: Origin | None = None
     gid: str | None = None
     streamed: bool = False
-    spilled_changes: int = 0
-    """How many of its changes went through a spill file (buffered beyond ``spill_bytes``)."""
 
 
+@dataclass(slots=True)
 class _Pending:
-    """An undecided transaction's buffered changes, spilled to a temporary file when large."""
+    """An undecided transaction's changes."""
 
-    def __init__(self, xid: int, spill_bytes: int, spill_dir: str | None) -> None:
-        self.xid = xid
-        self.changes: list[RowChange] = []
-        self.messages: list[LogicalMessage] = []
-        self.origin: Origin | None = None
-        self.aborted_subxids: set[int] = set()
-        self._bytes = 0
-        self._spill_bytes = spill_bytes
-        self._spill_dir = spill_dir
-        self._spill: IO[bytes] | None = None
-        self.spilled_changes = 0
+    xid: int
+    changes: list[RowChange] = field(default_factory=list)
+    messages: list[LogicalMessage] = field(default_factory=list)
+    origin: Origin | None = None
+    aborted_subxids: set[int] = field(default_factory=set)
 
-    def add(self, change: RowChange, size: int) -> None:
-        self.changes.append(change)
-        self._bytes += size
-        if self._bytes > self._spill_bytes:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._spill is None:
-            # Closed by close(), which every path that ends the transaction calls.
-            self._spill = tempfile.TemporaryFile(prefix=f"pgoutput-xid{self.xid}-", dir=self._spill_dir)  # noqa: SIM115
-        pickle.dump(self.changes, self._spill, protocol=pickle.HIGHEST_PROTOCOL)
-        self.spilled_changes += len(self.changes)
-        self.changes = []
-        self._bytes = 0
-
-    def drain(self) -> list[RowChange]:
-        """All buffered changes in order, without those of aborted subtransactions."""
-        chunks: list[list[RowChange]] = []
-        if self._spill is not None:
-            self._spill.seek(0)
-            while self._spill.tell() < os.fstat(self._spill.fileno()).st_size:
-                chunks.append(pickle.load(self._spill))
-        chunks.append(self.changes)
-        self.close()
-        aborted = self.aborted_subxids
-        return [c for chunk in chunks for c in chunk if not aborted or c.xid not in aborted]
-
-    def close(self) -> None:
-        if self._spill is not None:
-            self._spill.close()
-            self._spill = None
+    def committed(self) -> list[RowChange]:
+        """The changes in order, without those of aborted subtransactions."""
+        return [c for c in self.changes if c.xid not in self.aborted_subxids]
 
 
 class TransactionAssembler:
@@ -139,21 +102,10 @@ class TransactionAssembler:
 
     :param relations: the relation cache of the decoder producing the messages, used to attach
         the relation shape in force to each change.
-    :param spill_bytes: buffered change bytes per undecided transaction beyond which its changes
-        go to a temporary file (``size`` given to :meth:`feed` is what counts).
-    :param spill_dir: directory for spill files (the system temporary directory by default).
     """
 
-    def __init__(
-        self,
-        relations: RelationCache,
-        *,
-        spill_bytes: int = DEFAULT_SPILL_BYTES,
-        spill_dir: str | None = None,
-    ) -> None:
+    def __init__(self, relations: RelationCache) -> None:
         self.relations = relations
-        self.spill_bytes = spill_bytes
-        self.spill_dir = spill_dir
         self._current: _Pending | None = None
         self._streams: dict[int, _Pending] = {}
         self._stream_xid: int | None = None
@@ -173,23 +125,11 @@ class TransactionAssembler:
             RollbackPrepared: self._rollback_prepared,
         }
 
-    @property
-    def open_xids(self) -> list[int]:
-        """Streamed transactions seen but not yet committed or aborted."""
-        return sorted(self._streams)
-
-    @property
-    def prepared_gids(self) -> list[str]:
-        """Prepared transactions not yet committed or rolled back."""
-        return sorted(self._prepared)
-
-    def feed(
-        self, message: Message, lsn: Lsn | None = None, size: int = 0
-    ) -> Transaction | LogicalMessage | None:
+    def feed(self, message: Message, lsn: Lsn | None = None) -> Transaction | LogicalMessage | None:
         """Take one message; return a transaction when it committed, or a non-transactional
         logical decoding message, else ``None``."""
         if isinstance(message, Insert | Update | Delete | Truncate):
-            self._change(message, size)
+            self._change(message)
             return None
         if isinstance(message, LogicalMessage):
             target = self._target()
@@ -197,9 +137,6 @@ class TransactionAssembler:
                 return message
             target.messages.append(message)
             return None
-        return self._control(message, lsn)
-
-    def _control(self, message: Message, lsn: Lsn | None) -> Transaction | None:
         handler = self._handlers.get(type(message))
         return None if handler is None else handler(message, lsn)
 
@@ -211,7 +148,7 @@ class TransactionAssembler:
                 offset=0,
                 lsn=lsn,
             )
-        self._current = _Pending(message.xid, self.spill_bytes, self.spill_dir)
+        self._current = _Pending(message.xid)
 
     def _origin(self, message: Origin, lsn: Lsn | None) -> None:
         if self._current is not None:
@@ -222,8 +159,7 @@ class TransactionAssembler:
 
     def _stream_start(self, message: StreamStart, lsn: Lsn | None) -> None:
         self._stream_xid = message.xid
-        if message.xid not in self._streams:
-            self._streams[message.xid] = _Pending(message.xid, self.spill_bytes, self.spill_dir)
+        self._streams.setdefault(message.xid, _Pending(message.xid))
 
     def _stream_stop(self, message: StreamStop, lsn: Lsn | None) -> None:
         self._stream_xid = None
@@ -243,24 +179,21 @@ class TransactionAssembler:
         pending = self._take_stream(message.xid, "c", lsn)
         return Transaction(
             message.xid, message.commit_lsn, message.end_lsn, message.commit_time,
-            pending.drain(), pending.messages, pending.origin, streamed=True,
-            spilled_changes=pending.spilled_changes,
+            pending.committed(), pending.messages, pending.origin, streamed=True,
         )  # fmt: skip
 
     def _stream_prepare(self, message: StreamPrepare, lsn: Lsn | None) -> None:
         self._prepared[message.gid] = self._take_stream(message.xid, "p", lsn)
 
     def _rollback_prepared(self, message: RollbackPrepared, lsn: Lsn | None) -> None:
-        rolled_back = self._prepared.pop(message.gid, None)
-        if rolled_back is not None:
-            rolled_back.close()
+        self._prepared.pop(message.gid, None)
 
     def _target(self) -> _Pending | None:
         if self._stream_xid is not None:
             return self._streams[self._stream_xid]
         return self._current
 
-    def _change(self, message: Insert | Update | Delete | Truncate, size: int) -> None:
+    def _change(self, message: Insert | Update | Delete | Truncate) -> None:
         target = self._target()
         if target is None:
             raise PgOutputDecodeError(
@@ -269,7 +202,9 @@ class TransactionAssembler:
         if isinstance(message, Truncate):
             for relation_id in message.relation_ids:
                 relation = self.relations[relation_id]
-                target.add(RowChange("T", relation, truncate_options=message.options, xid=message.xid), size)
+                target.changes.append(
+                    RowChange("T", relation, truncate_options=message.options, xid=message.xid)
+                )
             return
         relation = self.relations[message.relation_id]
         if isinstance(message, Insert):
@@ -278,7 +213,7 @@ class TransactionAssembler:
             change = RowChange("U", relation, message.new, message.old, message.old_kind, xid=message.xid)
         else:
             change = RowChange("D", relation, old=message.old, old_kind=message.old_kind, xid=message.xid)
-        target.add(change, size)
+        target.changes.append(change)
 
     def _take_current(self, type_char: str, lsn: Lsn | None) -> _Pending:
         pending = self._current
@@ -293,7 +228,7 @@ class TransactionAssembler:
         pending = self._take_current("C", lsn)
         return Transaction(
             pending.xid, message.commit_lsn, message.end_lsn, message.commit_time,
-            pending.drain(), pending.messages, pending.origin, spilled_changes=pending.spilled_changes,
+            pending.committed(), pending.messages, pending.origin,
         )  # fmt: skip
 
     def _abort_stream(self, message: StreamAbort, lsn: Lsn | None) -> None:
@@ -302,7 +237,6 @@ class TransactionAssembler:
             return
         if message.subxid == message.xid:
             del self._streams[message.xid]
-            pending.close()
         else:
             pending.aborted_subxids.add(message.subxid)
 
@@ -319,33 +253,24 @@ class TransactionAssembler:
             )
         return Transaction(
             message.xid, message.commit_lsn, message.end_lsn, message.commit_time,
-            pending.drain(), pending.messages, pending.origin, gid=message.gid,
-            spilled_changes=pending.spilled_changes,
+            pending.committed(), pending.messages, pending.origin, gid=message.gid,
         )  # fmt: skip
-
-    def close(self) -> None:
-        """Remove the spill files of transactions still undecided."""
-        for pending in [*self._streams.values(), *self._prepared.values()]:
-            pending.close()
-        if self._current is not None:
-            self._current.close()
 
 
 _OP_OF: dict[type, str] = {Insert: "I", Update: "U", Delete: "D", Truncate: "T"}
 
 
-def assemble(
-    messages: Iterator[tuple[Lsn | None, Message, int]] | list[tuple[Lsn | None, Message, int]],
-    relations: RelationCache,
-    *,
-    spill_bytes: int = DEFAULT_SPILL_BYTES,
-) -> Iterator[Transaction | LogicalMessage]:
-    """Convenience generator over :class:`TransactionAssembler` for ``(lsn, message, size)`` items."""
-    assembler = TransactionAssembler(relations, spill_bytes=spill_bytes)
-    try:
-        for lsn, message, size in messages:
-            event = assembler.feed(message, lsn, size)
-            if event is not None:
-                yield event
-    finally:
-        assembler.close()
+def committed_transactions(
+    messages: Sequence[bytes], protocol_version: int, lsns: Sequence[int] | None = None
+) -> list[Transaction]:
+    """The committed transactions of raw messages, in commit order, decoded one message at a time
+    by the package's per-message decoder (``lsns``, one per message, only name error positions)."""
+    decoder = PgOutputDecoder(protocol_version)
+    assembler = TransactionAssembler(decoder.relations)
+    positions = [None if lsns is None else Lsn(lsns[i]) for i in range(len(messages))]
+    committed = []
+    for data, lsn in zip(messages, positions, strict=True):
+        event = assembler.feed(decoder.decode(data, lsn), lsn)
+        if isinstance(event, Transaction):
+            committed.append(event)
+    return committed
