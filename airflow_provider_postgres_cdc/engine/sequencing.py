@@ -30,13 +30,16 @@ import numpy as np
 import numpy.typing as npt
 
 from airflow_provider_postgres_cdc.errors import SequencingError
+from airflow_provider_postgres_cdc.formats import wire
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.pgoutput.columnar_buffer import PAD
 from airflow_provider_postgres_cdc.replication.raw_messages import RawMessages
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MEMORY_BYTES = 512 << 20
-DECODER_PADDING = 16
+# The decoder reads fixed-width fields past a message's end: every joined buffer carries its padding.
+DECODER_PADDING = len(PAD)
 _BEGIN_BYTE, _COMMIT_BYTE, _STREAM_START_BYTE, _STREAM_STOP_BYTE, _STREAM_COMMIT_BYTE, _STREAM_ABORT_BYTE = (
     ord(c) for c in "BCSEcA"
 )
@@ -51,12 +54,6 @@ _XID_PREFIXED[[ord(c) for c in "RYIUDTM"]] = True
 # counts the schema as sent for the whole top-level transaction).
 _CHANGE = np.zeros(256, dtype=np.bool_)
 _CHANGE[[ord(c) for c in "IUDTM"]] = True
-_XID = struct.Struct("!I")
-_STREAM_ABORT = struct.Struct("!II")
-_STREAM_COMMIT = struct.Struct("!IBQQq")
-_BEGIN = struct.Struct("!cQqI")
-_COMMIT = struct.Struct("!cBQQq")
-_BEGIN_FINAL_LSN = struct.Struct("!Q")
 _PART_HEAD = struct.Struct("!QQ")
 U8Array = npt.NDArray[np.uint8]
 I64Array = npt.NDArray[np.int64]
@@ -309,7 +306,7 @@ class Sequencer:
                 yield from direct.flush(self.last_end)
                 yield from self._commit_undecided(raw, index)
             elif kind == _STREAM_START_BYTE:
-                self.block = _XID.unpack_from(raw.message(index), 1)[0]
+                self.block = wire.STREAM_START.unpack_from(raw.message(index), 1)[0]
                 self.streams.setdefault(self.block, _Undecided(self.block, streamed=True))
             elif kind == _STREAM_STOP_BYTE:
                 self.block = None
@@ -352,7 +349,7 @@ class Sequencer:
             raise SequencingError(
                 f"change outside any transaction at {Lsn(int(raw.lsns[start]))}; retry the drain"
             )
-        self.plain = _Undecided(_XID.unpack_from(raw.message(start), 17)[0], streamed=False)
+        self.plain = _Undecided(wire.BEGIN.unpack_from(raw.message(start), 1)[2], streamed=False)
         self.plain.begin = _compact(raw.select(start, start + 1))
         if stop > start + 1:
             self._add(self.plain, raw.select(start + 1, stop))
@@ -370,20 +367,20 @@ class Sequencer:
 
     def _count_commit(self, commit: bytes, count: int) -> None:
         self.commits += count
-        self.last_end = Lsn(_COMMIT.unpack_from(commit)[3])
+        self.last_end = Lsn(wire.COMMIT.unpack_from(commit, 1)[2])
 
     def _stream_commit(self, raw: RawMessages, index: int, message: bytes) -> Iterator[Piece]:
-        xid, _, commit_lsn, end_lsn, commit_time = _STREAM_COMMIT.unpack_from(message, 1)
+        xid, _, commit_lsn, end_lsn, commit_time = wire.STREAM_COMMIT.unpack_from(message, 1)
         txn = self.streams.pop(xid, None)
         if txn is None:
             raise SequencingError(f"Stream Commit of transaction {xid} that never streamed; retry the drain")
         lsn = int(raw.lsns[index])
-        txn.begin = _single(lsn, _BEGIN.pack(b"B", commit_lsn, commit_time, xid))
-        commit = _COMMIT.pack(b"C", 0, commit_lsn, end_lsn, commit_time)
+        txn.begin = _single(lsn, b"B" + wire.BEGIN.pack(commit_lsn, commit_time, xid))
+        commit = b"C" + wire.COMMIT.pack(0, commit_lsn, end_lsn, commit_time)
         yield from self._release(txn, _single(lsn, commit), commit)
 
     def _stream_abort(self, message: bytes) -> None:
-        xid, subxid = _STREAM_ABORT.unpack_from(message, 1)
+        xid, subxid = wire.STREAM_ABORT.unpack_from(message, 1)
         txn = self.streams.get(xid)
         if txn is None:
             return

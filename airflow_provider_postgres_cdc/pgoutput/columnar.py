@@ -27,6 +27,7 @@ from typing import NoReturn
 import numpy as np
 
 from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
+from airflow_provider_postgres_cdc.formats.wire import BEGIN, COMMIT, field_offsets
 from airflow_provider_postgres_cdc.pgoutput.arrow import (
     DEFAULT_MAX_ROWS,
     DecodedBatch,
@@ -53,7 +54,6 @@ from airflow_provider_postgres_cdc.pgoutput.messages import (
     Truncate,
 )
 from airflow_provider_postgres_cdc.pgoutput.relations import RelationCache
-from airflow_provider_postgres_cdc.pgoutput.wire import BEGIN, COMMIT, field_offsets
 
 _IS_DATA = np.zeros(256, dtype=np.bool_)
 _IS_DATA[[MessageType.INSERT, MessageType.UPDATE, MessageType.DELETE]] = True

@@ -20,6 +20,18 @@ from collections.abc import Callable
 
 from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.wire import (
+    BEGIN,
+    BEGIN_PREPARE_HEAD,
+    COLUMN_TAIL,
+    COMMIT,
+    PREPARE_HEAD,
+    ROLLBACK_PREPARED_HEAD,
+    STREAM_ABORT,
+    STREAM_ABORT_V4,
+    STREAM_COMMIT,
+    STREAM_START,
+)
 from airflow_provider_postgres_cdc.pgoutput.messages import (
     STREAMING_TYPES,
     TRUNCATE_CASCADE,
@@ -51,18 +63,6 @@ from airflow_provider_postgres_cdc.pgoutput.messages import (
     Update,
 )
 from airflow_provider_postgres_cdc.pgoutput.relations import RelationCache
-from airflow_provider_postgres_cdc.pgoutput.wire import (
-    BEGIN,
-    BEGIN_PREPARE_HEAD,
-    COLUMN_TAIL,
-    COMMIT,
-    PREPARE_HEAD,
-    ROLLBACK_PREPARED_HEAD,
-    STREAM_ABORT,
-    STREAM_ABORT_V4,
-    STREAM_COMMIT,
-    STREAM_START,
-)
 
 _U8 = struct.Struct("!B")
 _I16 = struct.Struct("!h")

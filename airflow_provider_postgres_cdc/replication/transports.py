@@ -31,7 +31,6 @@ import contextlib
 import logging
 import queue
 import select
-import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -50,6 +49,7 @@ from airflow_provider_postgres_cdc.errors import (
     SlotNotFoundError,
     TransportError,
 )
+from airflow_provider_postgres_cdc.formats import wire
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication import peek_calls
 from airflow_provider_postgres_cdc.replication.connection import (
@@ -71,9 +71,6 @@ from airflow_provider_postgres_cdc.replication.slots import describe_slot
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 64 << 20
-
-_BEGIN_FINAL_LSN = struct.Struct("!Q")  # at byte 1 of Begin
-_STREAM_COMMIT_LSN = struct.Struct("!Q")  # at byte 6 of Stream Commit, after the xid and flags
 
 
 @dataclass(slots=True)
@@ -408,8 +405,8 @@ class StreamingTransport:
                 continue
             payload: bytes = msg.payload
             kind = payload[:1]
-            if (kind == b"B" and _BEGIN_FINAL_LSN.unpack_from(payload, 1)[0] >= upto_lsn) or (
-                kind == b"c" and _STREAM_COMMIT_LSN.unpack_from(payload, 6)[0] >= upto_lsn
+            if (kind == b"B" and wire.BEGIN.unpack_from(payload, 1)[0] >= upto_lsn) or (
+                kind == b"c" and wire.STREAM_COMMIT.unpack_from(payload, 1)[2] >= upto_lsn
             ):
                 result.wal_end = upto_lsn
                 break

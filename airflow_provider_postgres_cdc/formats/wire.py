@@ -2,8 +2,9 @@
 
 Each layout is what follows the message's type byte (and, inside a streamed chunk, its Xid), in
 network order, as the message-format page lists the fields: the per-message decoder unpacks
-them, and the columnar decoder reads the same fields of many messages at once at the offsets
-:func:`field_offsets` derives. Standard library only: importing it loads neither numpy nor pyarrow.
+them, the columnar decoder reads the same fields of many messages at once at the offsets
+:func:`field_offsets` derives, and the drain's sequencing and transports read commit positions
+with them. Standard library only, so the decoder and the replication layer share it.
 """
 
 from __future__ import annotations
