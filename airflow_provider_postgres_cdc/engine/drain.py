@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from airflow_provider_postgres_cdc.engine.catalog_facts import record_catalog_facts
+from airflow_provider_postgres_cdc.engine.choices import Transport
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.sequencing import (
     DEFAULT_MAX_MEMORY_BYTES,
@@ -81,7 +82,6 @@ from airflow_provider_postgres_cdc.values.arrow_types import pg_type_name
 
 log = logging.getLogger(__name__)
 
-Transport = Literal["peek", "stream"]
 MIN_MEMORY_BYTES = 32 << 20
 
 

@@ -27,15 +27,15 @@ RANKS = {
     "values": 1,
     "pgoutput": 2, "replication": 2,
     "engine": 3, "spark": 3,
-    "hooks": 4, "triggers": 4, "sensors": 4, "operators": 4, "task_groups": 4, "get_provider_info": 4,
-    "assets": 4, "lineage": 4, "metrics": 4, "plugins": 4,
+    "hooks": 4, "triggers": 4, "sensors": 4, "operators": 4, "task_groups": 4, "dag_factories": 4,
+    "get_provider_info": 4, "assets": 4, "lineage": 4, "metrics": 4, "plugins": 4,
     "cli": 5, "testing": 5, "demo": 5,
 }  # fmt: skip
 # Parts of the same rank that must not know each other: the decoder and the psycopg2 layer, the
 # engine and the job.
 APART = ({"pgoutput", "replication"}, {"engine", "spark"})
 AIRFLOW_ALLOWED = {
-    "hooks", "triggers", "sensors", "operators", "task_groups", "get_provider_info",
+    "hooks", "triggers", "sensors", "operators", "task_groups", "dag_factories", "get_provider_info",
     "assets", "lineage", "metrics", "plugins",
 }  # fmt: skip
 STDLIB_ONLY = {"errors", "formats"}
