@@ -232,12 +232,10 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             SPARK_PASSWORD_ENV,
             jdbc_connection,
         )
-        from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import POSTGRESQL_JDBC_PACKAGE
 
         url, properties, password = jdbc_connection(params)
         spec = run.spark_job_spec(url, properties)
-        # Explicit jars or packages, else the local jars of POSTGRES_CDC_SPARK_JARS, else Maven's driver.
-        jars = self.spark_jars or (None if self.spark_packages else local_jars() or None)
+        jars, packages = spark_jars_and_packages(self.spark_jars, self.spark_packages)
         with tempfile.TemporaryDirectory(prefix="postgres-cdc-snapshot-") as scratch:
             spec_path = os.path.join(scratch, "snapshot_job.json")
             with open(spec_path, "w", encoding="utf-8") as handle:
@@ -248,7 +246,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
                 application_args=["--spec", spec_path],
                 files=spec_path,
                 jars=jars,
-                packages=self.spark_packages or (None if jars else POSTGRESQL_JDBC_PACKAGE),
+                packages=packages,
                 conf=self.spark_conf,
                 env_vars={SPARK_PASSWORD_ENV: password} if password else None,
                 spark_binary=self.spark_binary or _default_spark_submit(),
@@ -272,6 +270,16 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         from airflow_provider_postgres_cdc.lineage.tasks import staged_lineage
 
         return staged_lineage(self, task_instance)
+
+
+def spark_jars_and_packages(jars: str | None, packages: str | None) -> tuple[str | None, str | None]:
+    """The Spark copy's ``--jars`` and ``--packages``: those given, else the jars of
+    ``POSTGRES_CDC_SPARK_JARS``, else PostgreSQL's JDBC driver from Maven (any OS, any cluster)."""
+    from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import POSTGRESQL_JDBC_PACKAGE
+
+    if jars or packages:
+        return jars or None, packages or None
+    return (local_jars(), None) if local_jars() else (None, POSTGRESQL_JDBC_PACKAGE)
 
 
 def _default_spark_submit() -> str | None:

@@ -14,8 +14,12 @@ from airflow_provider_postgres_cdc.operators.maintenance import (
     PostgresCdcStagingRetentionOperator,
 )
 from airflow_provider_postgres_cdc.operators.publication import first_publication
-from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+from airflow_provider_postgres_cdc.operators.snapshot import (
+    PostgresCdcSnapshotOperator,
+    spark_jars_and_packages,
+)
 from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+from airflow_provider_postgres_cdc.spark import JARS_ENV
 
 SLOT = {"slot_name": "s", "publications": "p", "staging": "/st"}
 Drain, Snapshot, Retention = (
@@ -100,3 +104,13 @@ def test_tables_are_published_in_the_first_publication() -> None:
     assert first_publication(["shop", "audit"]) == "shop"
     with pytest.raises(ValueError, match="publications must name a publication"):
         first_publication([])
+
+
+def test_the_spark_copy_finds_its_jdbc_driver_on_any_system(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(JARS_ENV, raising=False)
+    assert spark_jars_and_packages(None, None) == (None, "org.postgresql:postgresql:42.7.8")
+    monkeypatch.setenv(JARS_ENV, "/opt/jars/postgresql.jar")
+    assert spark_jars_and_packages(None, None) == ("/opt/jars/postgresql.jar", None)
+    assert spark_jars_and_packages("/my/driver.jar", None) == ("/my/driver.jar", None)
+    older = "org.postgresql:postgresql:42.7.4"
+    assert spark_jars_and_packages(None, older) == (None, older)
