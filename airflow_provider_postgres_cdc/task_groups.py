@@ -35,7 +35,7 @@ from typing import Any
 
 from airflow.sdk import Param, TaskGroup
 
-from airflow_provider_postgres_cdc.engine.snapshot import SlotMode
+from airflow_provider_postgres_cdc.engine.choices import CopyEngine, SlotMode, Transport
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
@@ -43,18 +43,45 @@ from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperat
 from airflow_provider_postgres_cdc.operators.publication import PostgresCdcPublishTablesOperator
 from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
 
+# The params every pipeline DAG shares: name -> (default, description). Staging has no default: it
+# is where every worker meets (a path one machine sees is no default for a cluster).
+_SHARED: dict[str, tuple[str | None, str]] = {
+    "postgres_conn_id": (PostgresCdcHook.default_conn_name, "Airflow connection of the source database"),
+    "publications": ("postgres_cdc_pub", "publication the slot is read with"),
+    "slot_name": ("postgres_cdc_slot", "the pipeline's logical replication slot"),
+    "staging": (None, "staging root every worker reaches: a path or a file://, s3://, gs://, hdfs:// URI"),
+    "lake_conn_id": (PostgresCdcLakeHook.default_conn_name, "the lake's postgres_cdc_lake connection"),
+    "spark_conn_id": ("spark_default", "Spark connection of the apply and load jobs"),
+}
 
-def pipeline_params(**extra: Param) -> dict[str, Param]:
-    """The DAG params every Postgres CDC pipeline DAG takes, so one ``--conf`` drives them all."""
-    return {
-        "postgres_conn_id": Param("postgres_default", type="string"),
-        "publications": Param("postgres_cdc_pub", type="string"),
-        "slot_name": Param("postgres_cdc_slot", type="string"),
-        "staging": Param("/tmp/postgres-cdc/staging", type="string"),
-        "lake_conn_id": Param(PostgresCdcLakeHook.default_conn_name, type="string"),
-        "spark_conn_id": Param("spark_default", type="string"),
-        **extra,
-    }
+
+def pipeline_params(**params: str | Param | None) -> dict[str, Param]:
+    """The DAG params every Postgres CDC pipeline DAG takes, so one ``--conf`` drives them all.
+
+    A shared param (``slot_name``, ``publications``, ``staging``, ``postgres_conn_id``,
+    ``lake_conn_id``, ``spark_conn_id``) takes its default from a plain value
+    (``staging="s3://bucket/staging"``) or is replaced by a :class:`Param`; other keywords are the
+    DAG's own Params. ``staging`` has no default unless given, so a run must name it (Airflow
+    refuses a run without it, and a scheduled DAG without one).
+    """
+    shared = {name: _param(params.pop(name, default), about) for name, (default, about) in _SHARED.items()}
+    for name, value in params.items():
+        if not isinstance(value, Param):
+            raise TypeError(f"pipeline_params: {name!r} is not a shared param, so pass it as a Param")
+    return {**shared, **params}  # type: ignore[dict-item]
+
+
+def from_params() -> dict[str, Any]:
+    """The task group arguments that read the shared params (``{"staging": "{{ params.staging }}", ...}``)."""
+    return {name: f"{{{{ params.{name} }}}}" for name in _SHARED}
+
+
+def _param(value: str | Param | None, description: str) -> Param:
+    if isinstance(value, Param):
+        return value
+    if value is None:
+        return Param(type="string", description=f"{description} (required)")
+    return Param(value, type="string", description=description)
 
 
 def cdc_microbatch_task_group(
@@ -66,7 +93,7 @@ def cdc_microbatch_task_group(
     group_id: str = "postgres_cdc",
     postgres_conn_id: str = PostgresCdcHook.default_conn_name,
     spark_conn_id: str = "spark_default",
-    transport: str = "peek",
+    transport: Transport = "peek",
     max_messages: int | str | None = 1_000_000,
     lag_sensor: Mapping[str, Any] | None = None,
     spark_conf: Mapping[str, Any] | None = None,
@@ -92,7 +119,7 @@ def cdc_microbatch_task_group(
             publications=publications,
             staging=staging,
             postgres_conn_id=postgres_conn_id,
-            transport=transport,  # type: ignore[arg-type]
+            transport=transport,
             max_messages=max_messages,  # type: ignore[arg-type]
             staging_conn_id=staging_conn_id,
         )
@@ -144,6 +171,7 @@ def snapshot_task_group(
     spark_binary: str | None = None,
     pool: str | None = None,
     staging_conn_id: str | None = None,
+    copy_engine: CopyEngine = "local",
 ) -> TaskGroup:
     """Snapshot tables and load them; ``slot_mode`` as :class:`PostgresCdcSnapshotOperator` takes it.
 
@@ -154,11 +182,12 @@ def snapshot_task_group(
     :param tables: ``schema.table`` names to re-snapshot (a template rendering to a list, with
         the DAG's ``render_template_as_native_obj=True``); empty: every published table.
         Entries may also be ``publish`` objects (their ``table`` is used).
-    :param publish: tables to add to the first publication first (``"schema.table"`` or
+    :param publish: tables to add to the first of ``publications`` first (``"schema.table"`` or
         ``{"table", "columns", "row_filter"}``); ``None`` leaves the task out. Include them in
         ``tables`` too, or leave ``tables`` empty.
     :param pool: Airflow pool of the ``load`` task; share it with the pipeline's CDC apply.
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store.
+    :param copy_engine: ``"local"`` (in the worker) or ``"spark"`` (:class:`PostgresCdcSnapshotOperator`).
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 
@@ -170,6 +199,7 @@ def snapshot_task_group(
             staging=staging,
             tables=tables,  # type: ignore[arg-type]
             slot_mode=slot_mode,
+            copy_engine=copy_engine,
             postgres_conn_id=postgres_conn_id,
             staging_conn_id=staging_conn_id,
         )
@@ -186,10 +216,9 @@ def snapshot_task_group(
         )
         snapshot >> load
         if publish is not None:
-            first = publications if isinstance(publications, str) else publications[0]
             add = PostgresCdcPublishTablesOperator(
                 task_id="publish",
-                publication=first,
+                publications=publications,
                 tables=publish,  # type: ignore[arg-type]
                 postgres_conn_id=postgres_conn_id,
             )
@@ -197,6 +226,6 @@ def snapshot_task_group(
     return group
 
 
-def _pool(pool: str | None) -> dict[str, str]:
+def _pool(pool: str | None) -> dict[str, Any]:
     """``pool=`` only when one is named, so Airflow's default pool applies otherwise."""
     return {"pool": pool} if pool else {}

@@ -1,23 +1,26 @@
 """``make demo``: the main job end to end on this machine, from an empty PostgreSQL to equal lake tables.
 
 1. starts a throwaway PostgreSQL (``wal_level=logical``) and loads a small shop schema;
-2. runs the ``postgres_cdc_initial_snapshot`` example DAG with ``airflow dags test`` (slot with
+2. writes a DAG file that builds the pipeline's DAGs with the package's factories
+   (``dag_factories.initial_snapshot_dag`` and ``cdc_microbatch_dag``), as a user's would;
+3. runs the ``postgres_cdc_initial_snapshot`` DAG with ``airflow dags test`` (slot with
    exported snapshot, copy, Spark load);
-3. three times: commits a round of mixed changes, then runs the ``postgres_cdc_microbatch``
+4. three times: commits a round of mixed changes, then runs the ``postgres_cdc_microbatch``
    DAG (lag sensor, drain, Spark apply, ack);
-4. prints the Asset events the runs left in Airflow's metadata database (one per lake table
+5. prints the Asset events the runs left in Airflow's metadata database (one per lake table
    written, one per acknowledged cut), then, per table, the source's and the lake's row counts
    and whether their contents are equal (read through pyiceberg, no Spark), and the lake's latest
    consistent cut (LSN and tag).
 
-Everything lands in ``demo-output/`` (staging, the lake's warehouse and SQLite catalog, Airflow
-home), which is kept for a look with Spark, pyiceberg or DuckDB (README, "Reading the lake").
+Everything lands in ``demo-output/`` (staging, the lake's warehouse and SQLite catalog, the DAG
+file, Airflow home), which is kept for a look with Spark, pyiceberg or DuckDB (README, "Reading the lake").
 Exit status 1 when any table differs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
 from collections import Counter
@@ -31,7 +34,25 @@ from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 
-DAGS = Path(__file__).resolve().parents[2] / "dags_examples"  # the repository's, next to the package
+SLOT = "shop_cdc"
+DAG_FILE = """\
+\"\"\"The demo's pipeline, built by the package's DAG factories (what a user's DAG file holds).\"\"\"
+
+from airflow_provider_postgres_cdc.dag_factories import cdc_microbatch_dag, initial_snapshot_dag
+
+PIPELINE = {pipeline}
+
+initial = initial_snapshot_dag(**PIPELINE)
+cdc = cdc_microbatch_dag(**PIPELINE)
+"""
+
+
+def write_dags(folder: Path, pipeline: dict[str, str]) -> Path:
+    """The demo's DAG file in ``folder``: only what the installed package ships, no repository file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "shop_pipeline.py"
+    path.write_text(DAG_FILE.format(pipeline=json.dumps(pipeline, indent=4)))
+    return path
 
 
 def say(message: str) -> None:
@@ -41,9 +62,7 @@ def say(message: str) -> None:
 def write_report(dsn: str, lake: LakeConfig, root: Path, acks: list[AckPoint]) -> Path:
     """The pipeline's HTML report (``pgcdc report``), written while the source still runs."""
     path = root / "report.html"
-    path.write_text(
-        render_html([collect_report(dsn, "shop_cdc", lake, publications=[PUBLICATION], acks=acks)])
-    )
+    path.write_text(render_html([collect_report(dsn, SLOT, lake, publications=[PUBLICATION], acks=acks)]))
     return path
 
 
@@ -65,30 +84,32 @@ def main(argv: list[str] | None = None) -> int:
         shop = ShopWorkload(pg.dsn("shop"))
         shop.create_schema()
         shop.initial_load()
+        pipeline = {
+            "postgres_conn_id": "shop_db",
+            "publications": PUBLICATION,
+            "slot_name": SLOT,
+            "staging": str(root / "staging"),
+            "lake_conn_id": "shop_lake",
+            "spark_conn_id": "spark_local",
+        }
+        dag_file = write_dags(root / "dags", pipeline)
+        say(f"DAG file {dag_file}: the pipeline's DAGs from the package's factories")
         sandbox = AirflowSandbox(
             root / "airflow",
-            DAGS,
+            dag_file.parent,
             connections={
                 "shop_db": pg.uri("shop"),
                 "spark_local": "spark://local%5B2%5D",
                 "shop_lake": connection_json(lake),
             },
         )
-        conf = {
-            "postgres_conn_id": "shop_db",
-            "publications": PUBLICATION,
-            "slot_name": "shop_cdc",
-            "staging": str(root / "staging"),
-            "lake_conn_id": "shop_lake",
-            "spark_conn_id": "spark_local",
-        }
         say("airflow dags test postgres_cdc_initial_snapshot")
-        result = sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
+        result = sandbox.dags_test("postgres_cdc_initial_snapshot").check()
         say(f"  snapshot loaded in {result.seconds:.0f} s")
         for number in range(1, args.rounds + 1):
             shop.step()
             say(f"round {number}: changes committed; airflow dags test postgres_cdc_microbatch")
-            result = sandbox.dags_test("postgres_cdc_microbatch", conf).check()
+            result = sandbox.dags_test("postgres_cdc_microbatch").check()
             (lag,) = pg.execute(
                 "SELECT pg_current_wal_lsn() - confirmed_flush_lsn FROM pg_replication_slots "
                 "WHERE slot_name = 'shop_cdc'",
@@ -107,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_report(results))
     print()
-    cut = latest_cut(lake, "shop_cdc")
+    cut = latest_cut(lake, SLOT)
     if cut is not None:
         say(f"latest consistent cut: source LSN {cut.lsn}, tag {cut.tag} on {len(cut.snapshots)} tables")
     say(

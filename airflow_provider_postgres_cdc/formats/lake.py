@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from airflow_provider_postgres_cdc.errors import LakeConfigError
 from airflow_provider_postgres_cdc.formats.layout import encode_name_part
@@ -53,6 +53,13 @@ CHANGE_KEYS = {"I": INSERTED, "U": UPDATED, "D": DELETED, "T": TRUNCATED}
 OWNER_PROPERTY = "pgl.slot"
 CHANGELOG_SUFFIX = "__pgl_changelog"
 TAG_PREFIX = "pgl_"
+
+# Row-level write mode of the lake tables the apply job creates (docs/LAKE.md).
+WriteMode = Literal["merge-on-read", "copy-on-write"]
+WRITE_MODES: tuple[WriteMode, ...] = get_args(WriteMode)
+# Steps of the maintenance job, each of which may be skipped.
+MaintenanceStep = Literal["rewrite", "tags", "expire", "orphans"]
+MAINTENANCE_STEPS: tuple[MaintenanceStep, ...] = get_args(MaintenanceStep)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,11 +12,12 @@ provider itself is not required (pyarrow speaks S3 on its own).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_postgres_cdc.engine.object_store import S3Options
+if TYPE_CHECKING:  # the engine's module loads pyarrow: imported when a connection is read, not at parse
+    from airflow_provider_postgres_cdc.engine.object_store import S3Options
 
 
 class PostgresCdcStagingHook(BaseHook):
@@ -39,6 +40,8 @@ class PostgresCdcStagingHook(BaseHook):
 
     def get_conn(self) -> S3Options:
         """The store's :class:`S3Options` (nothing is contacted)."""
+        from airflow_provider_postgres_cdc.engine.object_store import S3Options
+
         conn = self.get_connection(self.staging_conn_id)
         extra = conn.extra_dejson
         access_key: str | None = conn.login

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_postgres_cdc import metrics
 from airflow_provider_postgres_cdc.assets import CUTS_ALIAS, alias, cut_asset
-from airflow_provider_postgres_cdc.engine.lake_catalog import Cut, cut_at, unapplied_tables
-from airflow_provider_postgres_cdc.engine.lake_events import cut_event_extra, latency_seconds
-from airflow_provider_postgres_cdc.engine.staging import read_manifest
 from airflow_provider_postgres_cdc.errors import BatchNotAppliedError, ManifestSlotMismatchError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options
+
+if TYPE_CHECKING:
+    from airflow_provider_postgres_cdc.engine.lake_catalog import Cut
 
 
 class PostgresCdcAckOperator(BaseOperator):
@@ -71,6 +71,11 @@ class PostgresCdcAckOperator(BaseOperator):
         self.asset_alias = asset_alias
 
     def execute(self, context: Context) -> dict[str, Any]:
+        # The engine (pyarrow, pyiceberg) loads when the task runs, not when its DAG is parsed.
+        from airflow_provider_postgres_cdc.engine.lake_catalog import cut_at, unapplied_tables
+        from airflow_provider_postgres_cdc.engine.lake_events import latency_seconds
+        from airflow_provider_postgres_cdc.engine.staging import read_manifest
+
         manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if manifest.slot != self.slot_name:
             raise ManifestSlotMismatchError(
@@ -111,6 +116,8 @@ class PostgresCdcAckOperator(BaseOperator):
         """The cut event, while the slot stands at this batch's end: a retry of an ack whose first
         attempt moved the slot and then died still tells the consumers; a batch already followed
         by a later ack does not (its cut is no longer the newest)."""
+        from airflow_provider_postgres_cdc.engine.lake_events import cut_event_extra
+
         extra = cut_event_extra(manifest, cut, lake.catalog, acked_at=acked_at, lag_bytes=lag)
         context["outlet_events"][alias(self.asset_alias)].add(cut_asset(lake, self.slot_name), extra=extra)
         self.log.info(

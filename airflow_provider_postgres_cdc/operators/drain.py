@@ -8,10 +8,10 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_postgres_cdc import metrics
-from airflow_provider_postgres_cdc.engine.drain import DrainSettings, Transport, drain_batch
-from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
+from airflow_provider_postgres_cdc.engine.choices import TRANSPORTS, Transport
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options
+from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
 
 
 class PostgresCdcDrainOperator(BaseOperator):
@@ -24,11 +24,11 @@ class PostgresCdcDrainOperator(BaseOperator):
     :param publications: publication name(s) the slot is read with (templated).
     :param staging: staging root: local path, ``file://``, ``s3://``, ``gs://`` or ``hdfs://`` (templated).
     :param postgres_conn_id: Airflow connection of the source database (templated).
-    :param transport: ``"peek"`` (SQL interface, default, fastest for batches) or ``"stream"``.
+    :param transport: ``"peek"`` (SQL interface, default, fastest for batches) or ``"stream"`` (templated).
     :param max_messages: end the batch at the first commit after this many messages (templated).
     :param max_bytes: bound the WAL window read to this many bytes (templated).
     :param max_memory_bytes: the drain's memory budget, whatever the transaction sizes; larger
-        undecided transactions spill to ``spill_dir`` (templated).
+        undecided transactions spill to ``spill_dir``; ``None``: the engine's default (templated).
     :param spill_dir: local directory for spill files (default ``$TMPDIR``) (templated).
     :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
         credentials (:class:`PostgresCdcStagingHook`); ``None``: pyarrow's environment chain (templated).
@@ -39,6 +39,7 @@ class PostgresCdcDrainOperator(BaseOperator):
         "slot_name",
         "publications",
         "staging",
+        "transport",
         "max_messages",
         "max_bytes",
         "max_memory_bytes",
@@ -57,11 +58,13 @@ class PostgresCdcDrainOperator(BaseOperator):
         transport: Transport = "peek",
         max_messages: int | None = 1_000_000,
         max_bytes: int | None = None,
-        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+        max_memory_bytes: int | None = None,
         spill_dir: str | None = None,
         staging_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        check_staging(staging)
+        check_choice("transport", transport, TRANSPORTS)
         super().__init__(**kwargs)
         self.slot_name = slot_name
         self.publications = publications
@@ -75,6 +78,12 @@ class PostgresCdcDrainOperator(BaseOperator):
         self.staging_conn_id = staging_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
+        # The engine (pyarrow) loads when the task runs, not when its DAG is parsed.
+        from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
+        from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
+
+        check_staging(self.staging)
+        check_choice("transport", self.transport, TRANSPORTS)
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
         settings = DrainSettings(
             slot=self.slot_name,
@@ -83,7 +92,7 @@ class PostgresCdcDrainOperator(BaseOperator):
             transport=self.transport,
             max_messages=None if self.max_messages is None else int(self.max_messages),
             max_bytes=None if self.max_bytes is None else int(self.max_bytes),
-            max_memory_bytes=int(self.max_memory_bytes),
+            max_memory_bytes=int(self.max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES),
             spill_dir=self.spill_dir or None,
             staging_options=staging_options(self.staging_conn_id),
         )

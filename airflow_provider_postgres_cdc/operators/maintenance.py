@@ -14,11 +14,11 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_provider_postgres_cdc.engine.retention import prune_staging
 from airflow_provider_postgres_cdc.errors import SlotNotAcknowledgedError
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lake import MAINTENANCE_STEPS, LakeConfig, MaintenanceStep
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options
+from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging, is_template
 from airflow_provider_postgres_cdc.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_postgres_cdc.spark import MAINTAIN_JOB_PATH
 
@@ -38,7 +38,8 @@ class PostgresCdcLakeMaintenanceOperator(LakeSparkJobOperator):
     :param keep_cuts: newest ``pgl_<LSN>`` cut tags kept (templated).
     :param older_than_hours: age of snapshots to expire and orphan files to delete; it must exceed
         the longest apply or load, whose uncommitted files would otherwise look orphaned (templated).
-    :param skip: steps left out: ``rewrite``, ``tags``, ``expire``, ``orphans`` (templated).
+    :param skip: steps left out, a list or a comma-separated string of ``rewrite``, ``tags``,
+        ``expire``, ``orphans`` (templated).
     :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
     """
 
@@ -52,11 +53,13 @@ class PostgresCdcLakeMaintenanceOperator(LakeSparkJobOperator):
         slot_name: str,
         keep_cuts: int | str = 48,
         older_than_hours: float | str = 24,
-        skip: Sequence[str] = (),
+        skip: str | Sequence[MaintenanceStep] = (),
         name: str = "postgres-cdc-maintain",
         **kwargs: Any,
     ) -> None:
         super().__init__(application=MAINTAIN_JOB_PATH, name=name, **kwargs)
+        if not is_template(skip):
+            _skipped_steps(skip)
         self.slot_name = slot_name
         self.keep_cuts = keep_cuts
         self.older_than_hours = older_than_hours
@@ -65,7 +68,7 @@ class PostgresCdcLakeMaintenanceOperator(LakeSparkJobOperator):
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         args = ["--slot-name", str(self.slot_name), "--keep-cuts", str(int(self.keep_cuts))]
         args += ["--older-than-hours", str(float(self.older_than_hours))]
-        skip = [self.skip] if isinstance(self.skip, str) else list(self.skip)
+        skip = _skipped_steps(self.skip)
         return args + (["--skip", ",".join(skip)] if skip else [])
 
     def get_openlineage_facets_on_start(self) -> Any:
@@ -79,6 +82,14 @@ class PostgresCdcLakeMaintenanceOperator(LakeSparkJobOperator):
         from airflow_provider_postgres_cdc.lineage.tasks import maintenance_lineage
 
         return maintenance_lineage(self)
+
+
+def _skipped_steps(skip: str | Sequence[str]) -> list[str]:
+    """The maintenance steps to leave out (a comma-separated string or a list), each a valid one."""
+    steps = [s.strip() for s in skip.split(",") if s.strip()] if isinstance(skip, str) else list(skip)
+    for step in steps:
+        check_choice("skip", step, MAINTENANCE_STEPS)
+    return steps
 
 
 class PostgresCdcStagingRetentionOperator(BaseOperator):
@@ -113,6 +124,7 @@ class PostgresCdcStagingRetentionOperator(BaseOperator):
         staging_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        check_staging(staging)
         super().__init__(**kwargs)
         self.slot_name = slot_name
         self.staging = staging
@@ -121,6 +133,9 @@ class PostgresCdcStagingRetentionOperator(BaseOperator):
         self.staging_conn_id = staging_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_postgres_cdc.engine.retention import prune_staging  # loads pyarrow: at run time
+
+        check_staging(self.staging)
         slot = self._get_hook().describe_slot(self.slot_name)
         if slot.confirmed_flush_lsn is None:
             raise SlotNotAcknowledgedError(

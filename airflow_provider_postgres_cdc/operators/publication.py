@@ -27,6 +27,14 @@ def table_spec(entry: str | Mapping[str, Any]) -> TableSpec:
     )
 
 
+def first_publication(publications: str | Sequence[str]) -> str:
+    """The publication new tables go to: the first of the pipeline's (one name is a list of one)."""
+    names = [publications] if isinstance(publications, str) else list(publications)
+    if not names or not names[0]:
+        raise ValueError("publications must name a publication (of several, the tables go to the first)")
+    return names[0]
+
+
 class PostgresCdcPublishTablesOperator(BaseOperator):
     """Publish tables (with column lists and row filters) in the pipeline's publication, idempotently.
 
@@ -36,23 +44,25 @@ class PostgresCdcPublishTablesOperator(BaseOperator):
     Returns (XCom) every requested table as ``schema.table`` (those to re-snapshot); the log
     says which ones changed. Row filters are SQL from the DAG's author, never from data.
 
-    :param publication: the publication to change. (templated)
+    :param publications: the pipeline's publication name or names, as the drain and the snapshot
+        take them; the tables are added to the first one (a pipeline reading several publications
+        gets new tables in its first). (templated)
     :param tables: ``"schema.table"`` names or ``{"table", "columns", "row_filter"}`` objects. (templated)
     :param postgres_conn_id: Airflow connection of the source database. (templated)
     """
 
-    template_fields: Sequence[str] = ("publication", "tables", "postgres_conn_id")
+    template_fields: Sequence[str] = ("publications", "tables", "postgres_conn_id")
 
     def __init__(
         self,
         *,
-        publication: str,
+        publications: str | Sequence[str],
         tables: Sequence[str | Mapping[str, Any]],
         postgres_conn_id: str = PostgresCdcHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.publication = publication
+        self.publications = publications
         self.tables = tables
         self.postgres_conn_id = postgres_conn_id
 
@@ -61,10 +71,11 @@ class PostgresCdcPublishTablesOperator(BaseOperator):
         if not specs:
             self.log.info("no table to publish")
             return []
-        changed = self._get_hook().publish_tables(self.publication, specs)
+        publication = first_publication(self.publications)
+        changed = self._get_hook().publish_tables(publication, specs)
         self.log.info(
             "publication %s: %s changed, %s already published as asked",
-            self.publication, changed or "none",
+            publication, changed or "none",
             [s.qualified for s in specs if s.qualified not in changed] or "none",
         )  # fmt: skip
         return [spec.qualified for spec in specs]

@@ -8,33 +8,21 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
-from airflow_provider_postgres_cdc.engine.snapshot import (
-    DEFAULT_MIN_RANGE_BYTES,
-    DEFAULT_PARALLELISM,
-    DEFAULT_RANGE_BYTES,
-    SLOT_MODES,
-    SPARK_JOB_PATH,
-    SPARK_PASSWORD_ENV,
-    SlotMode,
-    SnapshotRun,
-    TableCopy,
-    jdbc_connection,
-    staged_snapshot,
-)
-from airflow_provider_postgres_cdc.engine.staging import DEFAULT_MAX_FILE_BYTES
+from airflow_provider_postgres_cdc.engine.choices import COPY_ENGINES, SLOT_MODES, CopyEngine, SlotMode
 from airflow_provider_postgres_cdc.errors import BACKFILL, SlotExistsError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options
+from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
+from airflow_provider_postgres_cdc.spark import local_jars
 
-COPY_ENGINES = ("local", "spark")
-POSTGRESQL_JDBC_JAR = "/usr/share/java/postgresql.jar"
+if TYPE_CHECKING:
+    from airflow_provider_postgres_cdc.engine.snapshot import SnapshotRun, TableCopy
 
 
 class PostgresCdcSnapshotOperator(BaseOperator):
@@ -70,23 +58,28 @@ class PostgresCdcSnapshotOperator(BaseOperator):
     :param tables: subset of the published tables (``schema.table``, or objects with a ``table``
         key as :class:`PostgresCdcPublishTablesOperator` takes them); all when empty. (templated)
     :param postgres_conn_id: Airflow connection of the source database. (templated)
-    :param copy_engine: ``"local"`` (default) or ``"spark"``.
+    :param copy_engine: ``"local"`` (default) or ``"spark"``. (templated)
     :param parallelism: local engine: worker connections (tables and ranges copied at once);
         Spark engine: ranges per large table are sized from it too.
     :param slot_mode: ``"create"`` (initial snapshot), ``"temporary"`` (re-snapshot of a running
-        pipeline) or ``"recover"`` (recreate a lost slot and copy every table).
+        pipeline) or ``"recover"`` (recreate a lost slot and copy every table). (templated)
     :param recreate_slot: ``"create"`` only: drop an existing slot of that name first; its
         unconsumed changes are lost.
     :param max_file_bytes: local engine: size at which a Parquet part file is closed.
     :param max_memory_bytes: local engine: the memory budget shared with the drain; a single row
         larger than a quarter of it stops the copy with a message naming this setting.
     :param range_bytes: largest ctid range of a table, in bytes of heap.
-    :param min_range_bytes: smallest ctid range: tables smaller than this are read whole.
+    :param min_range_bytes: smallest ctid range: tables smaller than this are read whole. These
+        five sizes (from ``parallelism`` on) left at ``None`` take the engine's defaults.
     :param spark_conn_id: Spark connection for ``copy_engine="spark"`` (``spark://local%5B2%5D``
         for local mode: an unencoded ``local[*]`` silently becomes yarn). (templated)
     :param spark_binary: ``spark-submit`` to run; default: the connection's, or PATH's, or the one
         next to this Python when PATH has none.
-    :param spark_jars: jars for the job; default Debian's PostgreSQL JDBC driver.
+    :param spark_jars: jars for the job (comma-separated paths or URLs).
+    :param spark_packages: Maven coordinates for the job. With neither ``spark_jars`` nor
+        ``spark_packages``, the jars of ``POSTGRES_CDC_SPARK_JARS`` when it is set, else
+        PostgreSQL's official JDBC driver from Maven Central (``org.postgresql:postgresql:42.7.8``,
+        ``engine.snapshot.spark_engine.POSTGRESQL_JDBC_PACKAGE``; Spark caches it in its Ivy cache).
     :param spark_conf: extra Spark configuration for the job.
     :param progress_interval: seconds between progress log lines.
     :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
@@ -101,6 +94,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         "staging",
         "tables",
         "postgres_conn_id",
+        "copy_engine",
+        "slot_mode",
         "spark_conn_id",
         "staging_conn_id",
     )
@@ -113,22 +108,26 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         staging: str,
         tables: Sequence[str | Mapping[str, Any]] | None = None,
         postgres_conn_id: str = PostgresCdcHook.default_conn_name,
-        copy_engine: str = "local",
-        parallelism: int = DEFAULT_PARALLELISM,
+        copy_engine: CopyEngine = "local",
+        parallelism: int | None = None,
         slot_mode: SlotMode = "create",
         recreate_slot: bool = False,
-        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-        max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
-        range_bytes: int = DEFAULT_RANGE_BYTES,
-        min_range_bytes: int = DEFAULT_MIN_RANGE_BYTES,
+        max_file_bytes: int | None = None,
+        max_memory_bytes: int | None = None,
+        range_bytes: int | None = None,
+        min_range_bytes: int | None = None,
         spark_conn_id: str = "spark_default",
         spark_binary: str | None = None,
-        spark_jars: str = POSTGRESQL_JDBC_JAR,
+        spark_jars: str | None = None,
+        spark_packages: str | None = None,
         spark_conf: dict[str, Any] | None = None,
         progress_interval: float = 5.0,
         staging_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        check_staging(staging)
+        check_choice("copy_engine", copy_engine, COPY_ENGINES)
+        check_choice("slot_mode", slot_mode, SLOT_MODES)
         super().__init__(**kwargs)
         self.slot_name = slot_name
         self.publications = publications
@@ -146,16 +145,16 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
         self.spark_binary = spark_binary
         self.spark_jars = spark_jars
+        self.spark_packages = spark_packages
         self.spark_conf = spark_conf
         self.progress_interval = progress_interval
         self.staging_conn_id = staging_conn_id
         self._spark_hook: Any = None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        if self.copy_engine not in COPY_ENGINES:
-            raise ValueError(f"copy_engine must be one of {COPY_ENGINES}, not {self.copy_engine!r}")
-        if self.slot_mode not in SLOT_MODES:
-            raise ValueError(f"slot_mode must be one of {SLOT_MODES}, not {self.slot_mode!r}")
+        check_staging(self.staging)
+        check_choice("copy_engine", self.copy_engine, COPY_ENGINES)
+        check_choice("slot_mode", self.slot_mode, SLOT_MODES)
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
         hook = self._get_hook()
         try:
@@ -170,6 +169,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
 
     def _rerun(self, hook: PostgresCdcHook, exc: SlotExistsError) -> dict[str, Any]:
         """The slot exists: hand its own staged snapshot to the load again, or skip (see class doc)."""
+        from airflow_provider_postgres_cdc.engine.snapshot import staged_snapshot
+
         staged = staged_snapshot(self.staging, self.slot_name, staging_options(self.staging_conn_id))
         if staged is None:
             raise exc
@@ -188,6 +189,16 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         return summarize(uri, manifest)
 
     def _snapshot(self, params: dict[str, Any], publications: list[str]) -> dict[str, Any]:
+        # The engine (pyarrow) loads when the task runs, not when its DAG is parsed.
+        from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
+        from airflow_provider_postgres_cdc.engine.snapshot import (
+            DEFAULT_MIN_RANGE_BYTES,
+            DEFAULT_PARALLELISM,
+            DEFAULT_RANGE_BYTES,
+            SnapshotRun,
+        )
+        from airflow_provider_postgres_cdc.engine.staging import DEFAULT_MAX_FILE_BYTES
+
         with SnapshotRun(
             params,
             self.slot_name,
@@ -196,17 +207,18 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             tables=[t if isinstance(t, str) else t["table"] for t in self.tables or ()] or None,
             slot_mode=self.slot_mode,
             recreate_slot=self.recreate_slot,
-            parallelism=self.parallelism,
-            range_bytes=self.range_bytes,
-            min_range_bytes=self.min_range_bytes,
             progress_interval=self.progress_interval,
             staging_options=staging_options(self.staging_conn_id),
+            parallelism=self.parallelism or DEFAULT_PARALLELISM,
+            range_bytes=self.range_bytes or DEFAULT_RANGE_BYTES,
+            min_range_bytes=self.min_range_bytes or DEFAULT_MIN_RANGE_BYTES,
         ) as run:
             if self.copy_engine == "spark":
                 copies = self._copy_with_spark(run, params)
             else:
                 copies = run.copy_local(
-                    max_file_bytes=self.max_file_bytes, max_memory_bytes=self.max_memory_bytes
+                    max_file_bytes=self.max_file_bytes or DEFAULT_MAX_FILE_BYTES,
+                    max_memory_bytes=self.max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES,
                 )
             path, manifest = run.finish(copies)
             uri = run.location.uri_of(path)
@@ -215,8 +227,15 @@ class PostgresCdcSnapshotOperator(BaseOperator):
     def _copy_with_spark(self, run: SnapshotRun, params: dict[str, Any]) -> list[TableCopy]:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+        from airflow_provider_postgres_cdc.engine.snapshot import (
+            SPARK_JOB_PATH,
+            SPARK_PASSWORD_ENV,
+            jdbc_connection,
+        )
+
         url, properties, password = jdbc_connection(params)
         spec = run.spark_job_spec(url, properties)
+        jars, packages = spark_jars_and_packages(self.spark_jars, self.spark_packages)
         with tempfile.TemporaryDirectory(prefix="postgres-cdc-snapshot-") as scratch:
             spec_path = os.path.join(scratch, "snapshot_job.json")
             with open(spec_path, "w", encoding="utf-8") as handle:
@@ -226,7 +245,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
                 name=f"postgres-cdc-snapshot-{run.slot}",
                 application_args=["--spec", spec_path],
                 files=spec_path,
-                jars=self.spark_jars,
+                jars=jars,
+                packages=packages,
                 conf=self.spark_conf,
                 env_vars={SPARK_PASSWORD_ENV: password} if password else None,
                 spark_binary=self.spark_binary or _default_spark_submit(),
@@ -250,6 +270,16 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         from airflow_provider_postgres_cdc.lineage.tasks import staged_lineage
 
         return staged_lineage(self, task_instance)
+
+
+def spark_jars_and_packages(jars: str | None, packages: str | None) -> tuple[str | None, str | None]:
+    """The Spark copy's ``--jars`` and ``--packages``: those given, else the jars of
+    ``POSTGRES_CDC_SPARK_JARS``, else PostgreSQL's JDBC driver from Maven (any OS, any cluster)."""
+    from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import POSTGRESQL_JDBC_PACKAGE
+
+    if jars or packages:
+        return jars or None, packages or None
+    return (local_jars(), None) if local_jars() else (None, POSTGRESQL_JDBC_PACKAGE)
 
 
 def _default_spark_submit() -> str | None:

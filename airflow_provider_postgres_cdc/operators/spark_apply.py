@@ -12,12 +12,11 @@ from airflow.sdk import Context
 
 from airflow_provider_postgres_cdc import metrics
 from airflow_provider_postgres_cdc.assets import TABLES_ALIAS, alias, table_asset
-from airflow_provider_postgres_cdc.engine.lake_events import batch_writes, table_event_extra
-from airflow_provider_postgres_cdc.engine.staging import read_manifest
 from airflow_provider_postgres_cdc.errors import LakeCatalogError
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, WriteMode
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.staging import staging_options
+from airflow_provider_postgres_cdc.operators.arguments import check_choice
 from airflow_provider_postgres_cdc.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH
 
@@ -32,7 +31,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
     :param lake_conn_id: the lake's ``postgres_cdc_lake`` connection (templated).
     :param tables: optional ``schema.table`` names restricting the run (templated).
     :param write_mode: row-level write mode of tables the job creates: ``merge-on-read`` (default:
-        docs/LAKE.md says why) or ``copy-on-write``.
+        docs/LAKE.md says why) or ``copy-on-write`` (templated).
     :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store, for reading the
         manifest here; the job itself reads staging through the cluster's own S3 settings (templated).
@@ -45,6 +44,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         *LakeSparkJobOperator.template_fields,
         "manifest",
         "tables",
+        "write_mode",
         "staging_conn_id",
     )
 
@@ -53,12 +53,13 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         *,
         manifest: str,
         tables: Sequence[str] | None = None,
-        write_mode: str = "merge-on-read",
+        write_mode: WriteMode = "merge-on-read",
         name: str = "postgres-cdc-apply",
         staging_conn_id: str | None = None,
         asset_alias: str = TABLES_ALIAS,
         **kwargs: Any,
     ) -> None:
+        check_choice("write_mode", write_mode, WRITE_MODES)
         # Which tables a batch writes is known only once it is drained: the events go through an alias.
         kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
         super().__init__(application=APPLY_JOB_PATH, name=name, **kwargs)
@@ -73,6 +74,9 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         return args + (["--tables", ",".join(self.tables)] if self.tables else [])
 
     def execute(self, context: Context) -> None:
+        from airflow_provider_postgres_cdc.engine.staging import read_manifest  # loads pyarrow: at run time
+
+        check_choice("write_mode", self.write_mode, WRITE_MODES)
         manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
             # An empty batch changes no table: nothing to submit, and the ack needs no commit.
@@ -84,6 +88,8 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
     def _emit_table_events(self, context: Context, manifest: Manifest) -> None:
         """One Asset event per lake table holding a commit of this batch (also after a re-run that
         found them applied: events count only once a task succeeds), and its apply time as a metric."""
+        from airflow_provider_postgres_cdc.engine.lake_events import batch_writes, table_event_extra
+
         lake = self._get_lake_hook().get_conn()
         try:
             writes = batch_writes(lake, manifest)

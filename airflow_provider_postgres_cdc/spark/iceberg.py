@@ -32,14 +32,13 @@ from pyspark.sql.types import (
 
 from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats import lake
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState
+from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.layout import encode_name_part
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.spark.changes import OLD
 
 log = logging.getLogger("postgres_cdc.apply")
 
-WRITE_MODES = ("merge-on-read", "copy-on-write")
 TARGET_FILE_BYTES = 64 << 20
 MERGE_BRANCH = "pgl_merge"
 # Exceptions of a commit that lost to another writer (or whose outcome is unknown): the table's

@@ -54,7 +54,7 @@ from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
 
 log = logging.getLogger("postgres_cdc.maintain")
 
-STEPS = ("rewrite", "tags", "expire", "orphans")
+STEPS = lake.MAINTENANCE_STEPS
 DEFAULT_KEEP_CUTS = 48
 DEFAULT_OLDER_THAN_HOURS = 24.0
 # Iceberg's remove_orphan_files refuses a younger cutoff (only its Action API would take one).

@@ -2,7 +2,7 @@
 
 Runs anywhere pyspark runs (it imports nothing from Airflow or from the rest of its package)::
 
-    spark-submit --jars /usr/share/java/postgresql.jar snapshot_jdbc.py --spec <job spec JSON file>
+    spark-submit --packages org.postgresql:postgresql:42.7.8 snapshot_jdbc.py --spec <job spec JSON file>
 
 The spec is written by ``SnapshotRun.spark_job_spec`` while the slot's replication connection
 holds the snapshot open. Every table is read as one JDBC query per ``ctid`` range (each is one

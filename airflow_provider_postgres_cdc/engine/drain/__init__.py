@@ -23,7 +23,8 @@ drain itself, :func:`drain_batch`), ``pipeline`` (the read, decode and stage loo
 
 from __future__ import annotations
 
+from airflow_provider_postgres_cdc.engine.choices import Transport
 from airflow_provider_postgres_cdc.engine.drain.run import drain_batch
-from airflow_provider_postgres_cdc.engine.drain.settings import DrainResult, DrainSettings, Transport
+from airflow_provider_postgres_cdc.engine.drain.settings import DrainResult, DrainSettings
 
 __all__ = ["DrainResult", "DrainSettings", "Transport", "drain_batch"]

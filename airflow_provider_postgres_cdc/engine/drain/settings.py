@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from airflow_provider_postgres_cdc.engine.choices import Transport
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 
-Transport = Literal["peek", "stream"]
 MIN_MEMORY_BYTES = 32 << 20
 
 

@@ -26,6 +26,7 @@ The names below are the package's public ones; import them from here.
 
 from __future__ import annotations
 
+from airflow_provider_postgres_cdc.engine.choices import SLOT_MODES, SlotMode
 from airflow_provider_postgres_cdc.engine.snapshot.copy_text import decode_copy_text
 from airflow_provider_postgres_cdc.engine.snapshot.exported import import_snapshot
 from airflow_provider_postgres_cdc.engine.snapshot.local_engine import DEFAULT_BATCH_BYTES
@@ -43,7 +44,7 @@ from airflow_provider_postgres_cdc.engine.snapshot.run import (
     staged_snapshot,
     take_snapshot,
 )
-from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import SLOT_MODES, SlotMode, temporary_slot_name
+from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import temporary_slot_name
 from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import (
     SPARK_JOB_PATH,
     SPARK_PASSWORD_ENV,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_postgres_cdc.engine.choices import SLOT_MODES, SlotMode
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_postgres_cdc.engine.snapshot.exported import check_holder
@@ -36,8 +37,6 @@ from airflow_provider_postgres_cdc.engine.snapshot.plan import (
     published_subset,
 )
 from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import (
-    SLOT_MODES,
-    SlotMode,
     drop_created_slot,
     prepare_slot,
     temporary_slot_name,

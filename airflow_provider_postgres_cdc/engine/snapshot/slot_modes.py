@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Literal
+from typing import Any
 
+from airflow_provider_postgres_cdc.engine.choices import SlotMode
 from airflow_provider_postgres_cdc.errors import (
     BACKFILL,
     RECOVERY,
@@ -26,9 +27,6 @@ from airflow_provider_postgres_cdc.replication.features import FAILOVER_SLOTS, r
 from airflow_provider_postgres_cdc.replication.slots import describe_slot, drop_slot
 
 log = logging.getLogger(__name__)
-
-SlotMode = Literal["create", "temporary", "recover"]
-SLOT_MODES: tuple[SlotMode, ...] = ("create", "temporary", "recover")
 
 
 def temporary_slot_name(slot: str, backend_pid: int) -> str:

@@ -33,6 +33,9 @@ SPARK_JOB_PATH = str(Path(__file__).resolve().parents[2] / "spark" / "snapshot_j
 """The Spark copy engine's job file, for ``spark-submit``."""
 SPARK_PASSWORD_ENV = "POSTGRES_CDC_JDBC_PASSWORD"
 """Environment variable the Spark job reads the JDBC password from (``PASSWORD_ENV`` there)."""
+POSTGRESQL_JDBC_PACKAGE = "org.postgresql:postgresql:42.7.8"
+"""PostgreSQL's official JDBC driver as a Maven coordinate (``spark-submit --packages``): the job's
+default driver when no jars are given, the same on every operating system and cluster manager."""
 _SNAPSHOT_NAME = re.compile(r"^[0-9A-F]+(-[0-9A-F]+)+$")
 
 
