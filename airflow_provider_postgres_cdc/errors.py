@@ -243,3 +243,7 @@ class SequencingError(PostgresCdcError):
 
 class SlotPluginError(PostgresCdcError):
     """A slot is physical or decodes with another output plugin than pgoutput."""
+
+
+class ConnectionExtrasError(PostgresCdcError):
+    """A ``postgres`` connection's extras hold a key that is not a libpq keyword, or ask for IAM auth."""

@@ -1,8 +1,9 @@
 """Event-driven micro-batch CDC: a run starts when the slot has enough lag, not on a clock.
 
 The DAG is scheduled on an Asset whose ``AssetWatcher`` runs ``PostgresCdcSlotLagEventTrigger``
-in the triggerer: it checks the slot every ``poke_interval`` seconds and fires when the lag
-reaches ``min_lag_bytes`` OR the oldest pending change is ``max_lag_age`` seconds old. Each event
+in the triggerer: it checks the slot every ``poke_interval`` seconds and fires when the lag is at
+least ``min_lag_bytes`` OR the oldest pending change is at least ``min_lag_age`` seconds old (the
+same thresholds, with the same meaning, as ``PostgresCdcSlotLagSensor``'s). Each event
 queues one run of the same drain -> apply -> ack group as ``postgres_cdc_microbatch`` (without
 its lag sensor: the watcher has decided already).
 
@@ -10,21 +11,21 @@ An Asset and its watcher are fixed when the DAG is parsed, so the slot and the t
 be DAG params: they are read from these environment variables of the DAG processor (and of the
 workers, which parse the DAG too), with these defaults:
 
-==================================  ==========================  ======================================
-variable                            default                     meaning
-==================================  ==========================  ======================================
+=====================================  =============================  ========================================
+variable                               default                        meaning
+=====================================  =============================  ========================================
 ``POSTGRES_CDC_ON_LAG_SLOT``           ``postgres_cdc_slot``          the slot watched and drained
 ``POSTGRES_CDC_ON_LAG_PUBLICATION``    ``postgres_cdc_pub``           the publication it is drained with
-``POSTGRES_CDC_ON_LAG_CONN_ID``        ``postgres_default``       Airflow connection to its database
-``POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES``  ``64MB``                    run once this much WAL is pending
-``POSTGRES_CDC_ON_LAG_MAX_LAG_AGE``    ``900``                     ...or once a change waited this long (s)
-``POSTGRES_CDC_ON_LAG_POKE_INTERVAL``  ``60``                      seconds between the watcher's checks
+``POSTGRES_CDC_ON_LAG_CONN_ID``        ``postgres_default``           its database's postgres connection
+``POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES``  ``64MB``                       run once this much WAL is pending
+``POSTGRES_CDC_ON_LAG_MIN_LAG_AGE``    ``900``                        ...or once a change waited this long (s)
+``POSTGRES_CDC_ON_LAG_POKE_INTERVAL``  ``60``                         seconds between the watcher's checks
 ``POSTGRES_CDC_ON_LAG_STAGING``        ``/tmp/postgres-cdc/staging``  staging directory of the batches
 ``POSTGRES_CDC_ON_LAG_LAKE_CONN_ID``   ``postgres_cdc_lake_default``  lake connection
-``POSTGRES_CDC_ON_LAG_SPARK_CONN_ID``  ``spark_default``           Spark connection
-==================================  ==========================  ======================================
+``POSTGRES_CDC_ON_LAG_SPARK_CONN_ID``  ``spark_default``              Spark connection
+=====================================  =============================  ========================================
 
-Set ``POSTGRES_CDC_ON_LAG_MAX_LAG_AGE`` to an empty string to fire on bytes only (or
+Set ``POSTGRES_CDC_ON_LAG_MIN_LAG_AGE`` to an empty string to fire on bytes only (or
 ``..._MIN_LAG_BYTES`` to fire on age only). The last three only set the defaults of the DAG's
 params, which a manual run may override; a manual run must not name another slot.
 
@@ -68,7 +69,7 @@ slot_lag = Asset(
                 postgres_conn_id=CONN_ID,
                 publications=[PUBLICATION],
                 min_lag_bytes=_setting("MIN_LAG_BYTES", "64MB"),
-                max_lag_age=_setting("MAX_LAG_AGE", "900"),
+                min_lag_age=_setting("MIN_LAG_AGE", "900"),
                 stale_after=86400.0,
                 poke_interval=float(_setting("POKE_INTERVAL", "60") or 60),
             ),

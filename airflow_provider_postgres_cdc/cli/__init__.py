@@ -1,8 +1,8 @@
 """The ``pgcdc`` command: operate and debug logical replication from a terminal.
 
-Each subcommand lives in ``airflow_provider_postgres_cdc.cli.<module>`` and registers
-itself; every one takes ``--dsn`` or ``--postgres-conn-id`` and ``--json``, and exits non-zero on
-failure.
+Each subcommand lives in ``airflow_provider_postgres_cdc.cli.<module>`` and registers itself;
+every one connects with ``--dsn`` (a libpq connection string) or ``--postgres-conn-id`` (an
+Airflow ``postgres`` connection), and exits non-zero on failure.
 """
 
 from __future__ import annotations
@@ -18,10 +18,16 @@ import psycopg2
 from airflow_provider_postgres_cdc.errors import PostgresCdcError
 
 COMMAND_MODULES = ("inspect", "lag", "peek", "report")
+DESCRIPTION = "pgcdc: operate and debug PostgreSQL logical replication (pgoutput) from a terminal."
+EPILOG = (
+    "Every command connects with --dsn (a libpq connection string or postgresql:// URI) or "
+    "--postgres-conn-id (the id of an Airflow postgres connection, read as the DAGs read it), and "
+    "exits non-zero on failure. 'pgcdc COMMAND --help' describes a command."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgcdc", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="pgcdc", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -13,10 +13,14 @@ from airflow_provider_postgres_cdc.replication import connect
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--dsn`` or ``--postgres-conn-id`` (an Airflow connection), exactly one of them."""
+    """``--dsn`` or ``--postgres-conn-id`` (an Airflow ``postgres`` connection), exactly one of them."""
     group = parser.add_mutually_exclusive_group(required=True)
-    group.add_argument("--dsn", help="libpq connection string or postgresql:// URI")
-    group.add_argument("--postgres-conn-id", help="Airflow connection id (type postgres)")
+    group.add_argument("--dsn", help="libpq connection string or postgresql:// URI of the database")
+    group.add_argument(
+        "--postgres-conn-id",
+        metavar="CONN_ID",
+        help="id of an Airflow postgres connection to the database (read as the DAGs read it)",
+    )
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:

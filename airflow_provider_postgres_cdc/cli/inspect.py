@@ -21,8 +21,9 @@ from airflow_provider_postgres_cdc.replication.publications import published_tab
 def run_check(args: argparse.Namespace) -> int:
     """Print the preflight facts and every unmet prerequisite; exit 1 when any is unmet.
 
-    The failover part (``replication/failover.py``) says, on a standby, what keeps ``--slot``
-    from surviving a promotion and, on a primary, what makes its standby copy unsafe.
+    The failover part (``replication/failover.py``) says, on a standby, what keeps the
+    ``--slot-name`` slot from surviving a promotion and, on a primary, what makes its standby copy
+    unsafe.
     """
     with open_connection(args) as conn:
         report = inspect_prerequisites(conn)
@@ -113,22 +114,39 @@ def run_publications(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = subparsers.add_parser(
-        "check", help="preflight: is the server and role ready for logical replication?"
+        "check",
+        help="preflight: is the server and role ready for logical replication?",
+        description="Print the server's and the role's facts for logical replication (wal_level, free "
+        "slots and WAL senders, privileges, failover readiness) and every unmet prerequisite; exit 1 "
+        "when any is unmet.",
     )
     add_connection_arguments(check)
     add_output_arguments(check)
     check.add_argument(
-        "--slot-name", help="the pipeline's slot: on a standby, is it synchronized and ready for a promotion?"
+        "--slot-name",
+        help="the pipeline's replication slot: on a standby, is it synchronized and ready for a promotion?",
     )
     check.set_defaults(func=run_check)
 
-    slots = subparsers.add_parser("slots", help="list replication slots")
+    slots = subparsers.add_parser(
+        "slots",
+        help="list replication slots",
+        description="List the replication slots of the connected database (or of the whole server) "
+        "with their positions, lag and WAL status.",
+    )
     add_connection_arguments(slots)
     add_output_arguments(slots)
-    slots.add_argument("--all-databases", action="store_true", help="include slots of other databases")
+    slots.add_argument(
+        "--all-databases", action="store_true", help="include the slots of the server's other databases"
+    )
     slots.set_defaults(func=run_slots)
 
-    pubs = subparsers.add_parser("publications", help="list publications and their tables")
+    pubs = subparsers.add_parser(
+        "publications",
+        help="list publications and their tables",
+        description="List the database's publications (all, or the named ones) and the tables, "
+        "columns and row filters they publish.",
+    )
     add_connection_arguments(pubs)
     add_output_arguments(pubs)
     pubs.add_argument("names", nargs="*", help="publication names (default: all)")

@@ -1,7 +1,7 @@
 """``pgcdc lag``: every slot's lag, WAL safety and spill/stream counters, for an operator at 3 a.m.
 
 Exits 1 when any slot shown is lost, unreserved, or under the ``--min-safe-wal`` floor (a missing
-``--slot`` too), so it can back a cron check or a monitoring probe as it is.
+``--slot-name`` slot too), so it can back a cron check or a monitoring probe as it is.
 """
 
 from __future__ import annotations
@@ -118,11 +118,15 @@ def run_lag(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lag = subparsers.add_parser(
-        "lag", help="replication slots' lag, WAL safety (wal_status, safe_wal_size) and spill/stream counters"
+        "lag",
+        help="replication slots' lag, WAL safety (wal_status, safe_wal_size) and spill/stream counters",
+        description="Print every replication slot's lag, WAL safety and spill/stream counters (or one "
+        "slot's, with --slot-name). Exits 1 when a slot shown is lost, unreserved or under the "
+        "--min-safe-wal floor, so it can back a cron check or a monitoring probe as it is.",
     )
     add_connection_arguments(lag)
     add_output_arguments(lag)
-    lag.add_argument("--slot-name", help="only this slot (exit 1 if it does not exist)")
+    lag.add_argument("--slot-name", help="only this replication slot (exit 1 if it does not exist)")
     lag.add_argument(
         "--publications",
         dest="publications",

@@ -81,14 +81,24 @@ def run_report(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     report = subparsers.add_parser(
-        "report", help="a pipeline's lag, batch history, lake tables and latest cut (--html for a page)"
+        "report",
+        help="a pipeline's lag, batch history, lake tables and latest cut (--html for a page)",
+        description="Print one pipeline's lag, WAL safety, batch history, lake tables and latest "
+        "consistent cut; --html writes the same report as one self-contained page, --json prints it "
+        "as JSON. Exits 1 when a part of the report could not be read.",
     )
     add_connection_arguments(report)
     report.add_argument("--slot-name", required=True, help="the pipeline's replication slot")
     lake = report.add_mutually_exclusive_group(required=True)
-    lake.add_argument("--lake-conn-id", help="Airflow connection id of the lake (type postgres_cdc_lake)")
     lake.add_argument(
-        "--lake-json", help="the lake as JSON ({catalog, properties, namespace_prefix}) or a file"
+        "--lake-conn-id",
+        metavar="CONN_ID",
+        help="id of the lake's Airflow connection (type postgres_cdc_lake)",
+    )
+    lake.add_argument(
+        "--lake-json",
+        metavar="JSON",
+        help="the lake as JSON ({catalog, properties, namespace_prefix}) or the path of a file holding it",
     )
     report.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page")
     report.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -103,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "database (the pipeline's cut Asset events); needs Airflow configured as for the scheduler",
     )  # fmt: skip
     report.add_argument(
-        "--timeout", type=float, default=DEFAULT_TIMEOUT,
+        "--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
         help=f"seconds to wait for the source and for the lake (default {DEFAULT_TIMEOUT:g})",
     )  # fmt: skip
     report.set_defaults(func=run_report)

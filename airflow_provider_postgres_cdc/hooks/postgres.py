@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import psycopg2
+import psycopg2.extensions
 from airflow.sdk import BaseHook
 
 from airflow_provider_postgres_cdc import replication
-from airflow_provider_postgres_cdc.engine.health import SlotHealth, assess_slot, assess_slots
+from airflow_provider_postgres_cdc.errors import ConnectionExtrasError
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication import (
     CreatedSlot,
@@ -22,30 +24,108 @@ from airflow_provider_postgres_cdc.replication import (
 from airflow_provider_postgres_cdc.replication.publications import published_tables
 from airflow_provider_postgres_cdc.replication.slots import SNAPSHOT_HOLDER_OPTIONS
 
+if TYPE_CHECKING:
+    from airflow_provider_postgres_cdc.engine.health import SlotHealth
 
-def _libpq_params(conn: Any, extras: dict[str, Any]) -> dict[str, Any]:
-    """libpq keywords from an Airflow connection and its extras (every extra is a libpq keyword)."""
-    params: dict[str, Any] = {
-        "host": conn.host,
-        "port": conn.port,
-        "user": conn.login,
-        "password": conn.password,
-        "dbname": conn.schema,
+LIBPQ_KEYWORDS_DOC = "https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS"
+
+# Extras that Airflow's PostgresHook (apache-airflow-providers-postgres) reads for itself: the
+# same ``postgres`` connection may serve both hooks, so these are ignored here, not refused.
+POSTGRES_HOOK_EXTRAS = frozenset(
+    {
+        "aws_conn_id",
+        "azure_conn_id",
+        "cluster-identifier",
+        "cursor",
+        "enable_log_db_messages",
+        "iam",
+        "redshift",
+        "redshift-serverless",
+        "workgroup-name",
     }
-    params.update(extras)
-    return {key: value for key, value in params.items() if value not in (None, "")}
+)
+POSTGRES_HOOK_EXTRA_PREFIX = "sqlalchemy_"  # sqlalchemy_scheme, sqlalchemy_query, ...
+
+
+def is_libpq_keyword(key: str) -> bool:
+    """Whether libpq itself knows ``key`` as a connection keyword (asked through its own parser)."""
+    if not key.isidentifier():  # "a b" or "host=x dbname" would parse as other keywords
+        return False
+    try:
+        psycopg2.extensions.parse_dsn(f"{key}=x")
+    except psycopg2.ProgrammingError:
+        return False
+    return True
+
+
+def _is_postgres_hook_extra(key: str) -> bool:
+    return key in POSTGRES_HOOK_EXTRAS or key.startswith(POSTGRES_HOOK_EXTRA_PREFIX)
+
+
+def _iam_requested(value: Any) -> bool:
+    """PostgresHook's ``iam`` extra is on (JSON ``true``, or ``"true"`` from a URI's query)."""
+    return bool(value) and str(value).strip().lower() not in ("false", "0", "no", "off")
+
+
+def sort_extras(conn_id: str, extras: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The extras of a ``postgres`` connection that are libpq keywords, and those PostgresHook's own.
+
+    libpq keywords (``sslmode``, ``application_name``, ``options``, ...) pass through. Extras that
+    PostgresHook documents for itself (``cursor``, ``sqlalchemy_*``, ``aws_conn_id``, ...) are
+    returned by name, for the caller to warn about and leave out. ``iam`` (on) and any other key
+    raise :class:`ConnectionExtrasError`: a misspelt ``sslmode`` must not connect without TLS.
+    """
+    if _iam_requested(extras.get("iam")):
+        raise ConnectionExtrasError(
+            f"connection {conn_id!r} sets the extra iam: IAM database authentication (AWS RDS, Aurora, "
+            "Redshift, Azure Entra ID) is not supported by airflow-provider-postgres-cdc. Remove iam (and "
+            "aws_conn_id or azure_conn_id) from the connection's extras and authenticate the replication "
+            "role with the connection's password, a client certificate (extras sslcert and sslkey) or a "
+            "passfile extra"
+        )
+    passed: dict[str, Any] = {}
+    ignored: list[str] = []
+    unknown: list[str] = []
+    for key, value in extras.items():
+        if is_libpq_keyword(key):
+            passed[key] = value
+        elif _is_postgres_hook_extra(key):
+            ignored.append(key)
+        else:
+            unknown.append(key)
+    if unknown:
+        names = ", ".join(repr(key) for key in sorted(unknown))
+        raise ConnectionExtrasError(
+            f"connection {conn_id!r} has extras that are neither libpq connection keywords nor extras of "
+            f"Airflow's PostgresHook: {names}. Correct their names (libpq keywords: {LIBPQ_KEYWORDS_DOC}) "
+            "or remove them from the connection's extras"
+        )
+    return passed, sorted(ignored)
 
 
 class PostgresCdcHook(BaseHook):
     """Connections to a PostgreSQL database for logical replication, and slot/publication management.
 
-    The Airflow connection is Postgres-style: host, port, login, password and schema (the
-    database); every extra is passed to libpq as a keyword (``sslmode``, ``sslrootcert``,
-    ``application_name``, ``options``, ...). TCP keepalives are on unless the extras say
-    otherwise. Each ``get_conn``/``get_replication_conn`` call opens a new connection that
-    the caller closes (``connection()`` does it for you); nothing connects at construction.
+    The source is a standard Airflow ``postgres`` connection (the type of the Postgres provider's
+    ``PostgresHook``): host, port, login, password and database. Its extras are read this way:
 
-    :param postgres_conn_id: the Airflow connection id.
+    * libpq connection keywords (``sslmode``, ``sslrootcert``, ``application_name``, ``options``,
+      ``connect_timeout``, ``target_session_attrs``, ...) are passed to libpq as they are;
+    * extras that ``PostgresHook`` documents for itself (``cursor``, ``sqlalchemy_*``,
+      ``aws_conn_id``, ``redshift``, ``enable_log_db_messages``, ...) are ignored, with one warning
+      naming them, so one connection can serve both hooks;
+    * ``iam`` set to true is refused (IAM authentication is not supported), and so is any other
+      extra, with a :class:`~airflow_provider_postgres_cdc.errors.ConnectionExtrasError` naming
+      every such key: a misspelt ``sslmode`` must not quietly connect without TLS.
+
+    TCP keepalives are on unless the extras say otherwise. Each ``get_conn``/``get_replication_conn``
+    call opens a new connection that the caller closes (``connection()`` does it for you); nothing
+    connects at construction. For example::
+
+        AIRFLOW_CONN_SHOP_DB='{"conn_type": "postgres", "host": "db", "port": 5432, "login": "cdc",
+          "password": "...", "schema": "shop", "extra": {"sslmode": "verify-full"}}'
+
+    :param postgres_conn_id: the Airflow connection id (a ``postgres`` connection).
     """
 
     conn_name_attr = "postgres_conn_id"
@@ -59,16 +139,48 @@ class PostgresCdcHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The connection form as for any ``postgres`` connection: the schema field is the database."""
         return {
             "hidden_fields": [],
             "relabeling": {"schema": "Database"},
-            "placeholders": {"extra": '{"sslmode": "require", "application_name": "airflow-postgres-cdc"}'},
+            "placeholders": {
+                "host": "db.example.com",
+                "port": "5432",
+                "schema": "the database whose tables are published",
+                "login": "a role with REPLICATION (or rds_replication) and SELECT on the tables",
+                "extra": '{"sslmode": "verify-full", "application_name": "airflow-postgres-cdc"}',
+            },
         }
 
     def connection_params(self) -> dict[str, Any]:
-        """libpq keywords for the connection (contains the password: never log it)."""
+        """libpq keywords for the connection (contains the password: never log it).
+
+        Raises :class:`~airflow_provider_postgres_cdc.errors.ConnectionExtrasError` for an extra
+        that is not a libpq keyword (see the class docstring).
+        """
         conn = self.get_connection(self.postgres_conn_id)
-        return _libpq_params(conn, conn.extra_dejson)
+        return self._libpq_params(conn, conn.extra_dejson)
+
+    def _libpq_params(self, conn: Any, extras: Mapping[str, Any]) -> dict[str, Any]:
+        """libpq keywords from the connection's fields and its libpq extras (which may override them)."""
+        passed, ignored = sort_extras(self.postgres_conn_id, extras)
+        if ignored:
+            self.log.warning(
+                "connection %r: ignoring the extras %s: they configure Airflow's PostgresHook "
+                "(apache-airflow-providers-postgres), not airflow-provider-postgres-cdc, which passes "
+                "only libpq keywords to the server",
+                self.postgres_conn_id,
+                ", ".join(repr(key) for key in ignored),
+            )
+        params: dict[str, Any] = {
+            "host": conn.host,
+            "port": conn.port,
+            "user": conn.login,
+            "password": conn.password,
+            "dbname": conn.schema,
+            **passed,
+        }
+        return {key: value for key, value in params.items() if value not in (None, "")}
 
     def get_conn(self, **extra: Any) -> Any:
         """A new autocommit psycopg2 connection; ``extra`` adds libpq keywords."""
@@ -183,7 +295,7 @@ class PostgresCdcHook(BaseHook):
         from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
 
         conn = await get_async_connection(self.postgres_conn_id, hook=self)
-        return _libpq_params(conn, await get_async_extra_dejson(conn))
+        return self._libpq_params(conn, await get_async_extra_dejson(conn))
 
     def slot_health(
         self, name: str, publications: Sequence[str] = (), *, previous: SlotHealth | None = None
@@ -191,10 +303,14 @@ class PostgresCdcHook(BaseHook):
         """Measure a slot: lag, WAL safety, spill/stream counters, and with ``publications`` the
         age of its oldest unconfirmed change (see :mod:`airflow_provider_postgres_cdc.engine.health.measure`;
         ``previous``, the last measurement of a repeated check, spares a peek when still valid)."""
+        from airflow_provider_postgres_cdc.engine.health import assess_slot
+
         with self.connection() as conn:
             return assess_slot(conn, name, publications, previous=previous)
 
     def all_slot_health(self, publications: Sequence[str] = ()) -> list[SlotHealth]:
         """:meth:`slot_health` of every slot on the server (ages only for this database's slots)."""
+        from airflow_provider_postgres_cdc.engine.health import assess_slots
+
         with self.connection() as conn:
             return assess_slots(conn, publications)

@@ -15,20 +15,23 @@ the page. Connection secrets are used server-side only; the page shows connectio
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.responses import HTMLResponse
 
-from airflow_provider_postgres_cdc.engine.report import PipelineReport, collect_report, render_html
 from airflow_provider_postgres_cdc.plugins.pipelines import (
+    EXAMPLE,
     VARIABLE,
     PipelineSpec,
     ack_points,
     configured_pipelines,
 )
 from airflow_provider_postgres_cdc.replication.connection import connection_lost_detail
+
+if TYPE_CHECKING:
+    from airflow_provider_postgres_cdc.engine.report import PipelineReport
 
 RESOURCE = "postgres-cdc"
 URL_PREFIX = "/postgres-cdc"
@@ -42,31 +45,41 @@ def _allowed(spec: PipelineSpec, user: Any) -> bool:
     manager = get_auth_manager()
     return all(
         manager.is_authorized_connection(method="GET", details=ConnectionDetails(conn_id=conn_id), user=user)
-        for conn_id in (spec.conn_id, spec.lake_conn_id)
+        for conn_id in (spec.postgres_conn_id, spec.lake_conn_id)
     )
 
 
 def _report(spec: PipelineSpec) -> PipelineReport | str:
     """The pipeline's report, or a sentence when its connections cannot even be resolved."""
+    # Imported here: the report reads the lake (pyiceberg, pyarrow), which every Airflow process
+    # that loads plugins would otherwise import.
+    from airflow_provider_postgres_cdc.engine.report import collect_report
     from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
     from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 
     try:
-        params = PostgresCdcHook(spec.conn_id).connection_params()
+        params = PostgresCdcHook(spec.postgres_conn_id).connection_params()
         lake = PostgresCdcLakeHook(spec.lake_conn_id).get_conn()
     except Exception as exc:  # a missing or malformed connection: said, never raised into the page
         first = connection_lost_detail(exc)[:300]
         return (
-            f"pipeline of slot {spec.slot!r}: connection {spec.conn_id!r} or {spec.lake_conn_id!r}: {first}"
+            f"pipeline of slot {spec.slot_name!r}: connection {spec.postgres_conn_id!r} or "
+            f"{spec.lake_conn_id!r}: {first}"
         )
     notes: list[str] = []
     try:
-        acks = ack_points(lake.catalog, spec.slot)
+        acks = ack_points(lake.catalog, spec.slot_name)
     except Exception as exc:  # the metadata database is the API server's own; still, say it
         acks = []
         notes.append(f"the Airflow metadata of acks could not be read: {type(exc).__name__}")
     return collect_report(
-        params, spec.slot, lake, publications=spec.publications, acks=acks, timeout=spec.timeout, notes=notes
+        params,
+        spec.slot_name,
+        lake,
+        publications=spec.publications,
+        acks=acks,
+        timeout=spec.timeout,
+        notes=notes,
     )
 
 
@@ -89,6 +102,8 @@ def create_app() -> FastAPI:
     def view(user: Annotated[Any, Depends(current_user)]) -> HTMLResponse:
         from airflow.api_fastapi.app import get_auth_manager
 
+        from airflow_provider_postgres_cdc.engine.report import render_html
+
         if not get_auth_manager().is_authorized_custom_view(method="GET", resource_name=RESOURCE, user=user):
             raise HTTPException(status.HTTP_403_FORBIDDEN, "Forbidden")
         messages: list[str] = []
@@ -102,7 +117,7 @@ def create_app() -> FastAPI:
         if not specs and not messages:
             messages.append(
                 f"no pipeline is configured: set the Airflow Variable {VARIABLE} to a JSON list like "
-                '[{"conn_id": "...", "slot": "...", "lake_conn_id": "..."}]'
+                f"{EXAMPLE}"
             )
         reports: list[PipelineReport] = []
         for spec in allowed:

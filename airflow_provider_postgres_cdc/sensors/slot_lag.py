@@ -15,14 +15,19 @@ from airflow_provider_postgres_cdc.engine.health import (
     Outcome,
     SlotHealth,
     SlotLagDecision,
-    check_threshold_kinds,
     decide,
-    parse_duration,
-    parse_size,
 )
 from airflow_provider_postgres_cdc.errors import SlotNotFoundError
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
-from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger
+from airflow_provider_postgres_cdc.triggers.slot_lag import (
+    PostgresCdcSlotLagTrigger,
+    age_argument,
+    as_seconds,
+    check_threshold_choice,
+    is_template,
+    lag_thresholds,
+    size_argument,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -35,8 +40,21 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
     Lag by time is the age of the oldest change not yet confirmed (the commit time of the first
     pending transaction of the ``publications``, read by peeking one transaction, never the backlog).
 
-    ``min_*`` thresholds fire when ANY is reached (enough has piled up to be worth a drain);
-    ``max_*`` thresholds fire when ALL hold (caught up, e.g. before a cut-over). They cannot be mixed.
+    The thresholds have the same names and meaning on :class:`PostgresCdcSlotLagTrigger` and on
+    the AssetWatcher's ``PostgresCdcSlotLagEventTrigger`` (one judgement for all three,
+    :func:`~airflow_provider_postgres_cdc.engine.health.decide`):
+
+    * ``min_lag_bytes`` / ``min_lag_age``: fire once the lag is AT LEAST this many bytes / the
+      oldest unconfirmed change is AT LEAST this old ("enough has piled up to be worth a drain");
+      with both set, reaching EITHER fires.
+    * ``max_lag_bytes`` / ``max_lag_age``: fire once the lag is AT MOST this / the oldest
+      unconfirmed change is AT MOST this old or none is pending ("caught up", e.g. before a
+      cut-over); with both set, BOTH must hold.
+    * ``min_*`` and ``max_*`` cannot be mixed (use two sensors); at least one is needed.
+
+    Arguments are checked when the DAG is parsed: a threshold that is not a template and cannot
+    be parsed fails there, naming the forms it takes; a templated one (``"{{ params.lag }}"``) is
+    checked once rendered, when the task runs.
 
     Every poke also judges WAL retention: a lost slot (``wal_status = lost``) fails with the
     recovery path; an ``unreserved`` slot, or one whose ``safe_wal_size`` is under
@@ -51,7 +69,7 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
     the slot's health summary at the moment it fired (no credentials).
 
     :param slot_name: the replication slot. (templated)
-    :param postgres_conn_id: Airflow connection to the slot's database. (templated)
+    :param postgres_conn_id: Airflow ``postgres`` connection to the slot's database. (templated)
     :param min_lag_bytes: fire once the lag is at least this many bytes; an int or a size such as
         ``"64MB"``. (templated)
     :param max_lag_bytes: fire once the lag is at most this. (templated)
@@ -99,17 +117,24 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        check_threshold_kinds(
+        check_threshold_choice(
+            publications,
             min_lag_bytes=min_lag_bytes,
             max_lag_bytes=max_lag_bytes,
             min_lag_age=min_lag_age,
             max_lag_age=max_lag_age,
         )
-        if (min_lag_age is not None or max_lag_age is not None) and not publications:
-            raise ValueError(
-                "min_lag_age/max_lag_age need publications: the age of the lag is read by decoding the "
-                "oldest pending transaction, and pgoutput decodes only for named publications"
-            )
+        # Values are parsed now, templates once rendered (in execute).
+        for name, size in (
+            ("min_lag_bytes", min_lag_bytes),
+            ("max_lag_bytes", max_lag_bytes),
+            ("min_safe_wal_bytes", min_safe_wal_bytes),
+        ):
+            if not is_template(size):
+                size_argument(name, size)
+        for name, age in (("min_lag_age", min_lag_age), ("max_lag_age", max_lag_age)):
+            if not is_template(age):
+                age_argument(name, age)
         if on_wal_risk not in ("fail", "warn"):
             raise ValueError(f"on_wal_risk must be 'fail' or 'warn', not {on_wal_risk!r}")
         self.slot_name = slot_name
@@ -121,7 +146,7 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
         self.publications = publications
         self.min_safe_wal_bytes = min_safe_wal_bytes
         self.on_wal_risk = on_wal_risk
-        self.stale_after = None if stale_after is None else parse_duration(stale_after)
+        self.stale_after = age_argument("stale_after", stale_after)
         self.deferrable = deferrable
         # The last measurement, so repeated pokes in one execute reuse the age of the lag.
         self._last_health: SlotHealth | None = None
@@ -133,15 +158,17 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
         return list(self.publications)
 
     def _thresholds(self) -> LagThresholds:
-        return LagThresholds.parse(
+        """The rendered thresholds (a template that rendered to nonsense fails here, named)."""
+        return lag_thresholds(
             min_lag_bytes=self.min_lag_bytes,
             max_lag_bytes=self.max_lag_bytes,
             min_lag_age=self.min_lag_age,
             max_lag_age=self.max_lag_age,
+            publications=self.publications,
         )
 
     def _floor(self) -> int | None:
-        return None if self.min_safe_wal_bytes is None else parse_size(self.min_safe_wal_bytes)
+        return size_argument("min_safe_wal_bytes", self.min_safe_wal_bytes)
 
     def _conclude(self, decision: SlotLagDecision) -> PokeReturnValue:
         """Log the decision's warnings, raise for a failed outcome, else say whether it is met."""
@@ -159,7 +186,7 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
             decision = SlotLagDecision(Outcome.SLOT_MISSING, str(exc))
         else:
             self._last_health = health
-            metrics.slot_lag(self.slot_name, health.lag_bytes, _seconds(health.lag_age))
+            metrics.slot_lag(self.slot_name, health.lag_bytes, as_seconds(health.lag_age))
             decision = decide(
                 health,
                 self._thresholds(),
@@ -173,12 +200,14 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
         return PostgresCdcHook(self.postgres_conn_id)
 
     def execute(self, context: Context) -> Any:
+        # The rendered arguments are checked before the first poke, so a bad one fails at once.
+        thresholds = self._thresholds()
+        self._floor()
         if not self.deferrable:
             return super().execute(context)
         first = self.poke(context)
         if first:
             return first.xcom_value
-        thresholds = self._thresholds()
         self.defer(
             trigger=PostgresCdcSlotLagTrigger(
                 slot_name=self.slot_name,
@@ -186,11 +215,11 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
                 publications=self._publications(),
                 min_lag_bytes=thresholds.min_lag_bytes,
                 max_lag_bytes=thresholds.max_lag_bytes,
-                min_lag_age=_seconds(thresholds.min_lag_age),
-                max_lag_age=_seconds(thresholds.max_lag_age),
+                min_lag_age=as_seconds(thresholds.min_lag_age),
+                max_lag_age=as_seconds(thresholds.max_lag_age),
                 min_safe_wal_bytes=self._floor(),
                 on_wal_risk=self.on_wal_risk,
-                stale_after=_seconds(self.stale_after),
+                stale_after=as_seconds(self.stale_after),
                 poke_interval=self.poke_interval,
             ),
             method_name="execute_complete",
@@ -205,7 +234,3 @@ class PostgresCdcSlotLagSensor(BaseSensorOperator):
                 f"the slot lag trigger ended without meeting the threshold: {decision.message}"
             )
         return decision.health
-
-
-def _seconds(value: timedelta | None) -> float | None:
-    return None if value is None else value.total_seconds()

@@ -32,16 +32,9 @@ from typing import Any
 import psycopg2
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_provider_postgres_cdc.engine.health import (
-    LagThresholds,
-    Outcome,
-    SlotHealth,
-    SlotLagDecision,
-    parse_duration,
-    parse_size,
-)
+from airflow_provider_postgres_cdc.engine.health import Outcome, SlotHealth, SlotLagDecision
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
-from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger
+from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger, as_seconds
 
 __all__ = ["PostgresCdcSlotLagEventTrigger", "fires"]
 
@@ -61,21 +54,29 @@ def fires(outcome: Outcome, position: str | None, last_fired: str | None) -> boo
 
 
 class PostgresCdcSlotLagEventTrigger(PostgresCdcSlotLagTrigger, BaseEventTrigger):
-    """Fires an asset event each time a slot's lag crosses ``min_lag_bytes`` or ``max_lag_age``.
+    """Fires an asset event each time a slot's lag crosses its thresholds, once per slot position.
 
     For an ``AssetWatcher``: ``Asset(..., watchers=[AssetWatcher(name=..., trigger=<this>)])``;
     a DAG scheduled on that asset then runs "when there is enough WAL" instead of on a cron
-    (``dags_examples/postgres_cdc_on_lag.py``). Checks every ``poke_interval`` seconds and
-    never returns on its own; fires when EITHER threshold is crossed, at most once per
+    (``dags_examples/postgres_cdc_on_lag.py``). Checks every ``poke_interval`` seconds and never
+    returns on its own; fires when the thresholds are met, at most once per
     ``confirmed_flush_lsn`` (:func:`fires`). The event's payload is the lag check's event
     (``outcome``, ``message``, ``warnings``, ``health``: the slot's health summary) plus
-    ``slot``, ``confirmed_flush_lsn``, ``lag_bytes`` and ``lag_age_seconds``.
+    ``slot_name``, ``confirmed_flush_lsn``, ``lag_bytes`` and ``lag_age_seconds``.
 
-    ``max_lag_age`` bounds how long a committed change may wait: the watcher fires once the
-    oldest change not yet confirmed is at least that old, even if little WAL has piled up. (It
-    is the lag sensor's ``min_lag_age``: a watcher only ever fires on lag that has piled up,
-    never on a slot that has caught up, so the sensor's ``max_*`` "caught up" thresholds have
-    no place here.) It needs ``publications``, to decode the oldest pending transaction.
+    The thresholds have the same names and meaning as on the lag sensor and its trigger (one
+    judgement, :func:`~airflow_provider_postgres_cdc.engine.health.decide`):
+
+    * ``min_lag_bytes`` / ``min_lag_age``: fire once the lag is AT LEAST this many bytes / the
+      oldest change not yet confirmed is AT LEAST this old; with both set, reaching EITHER fires.
+      This is what a CDC run is scheduled on: "enough WAL has piled up, or a committed change has
+      waited long enough" (``min_lag_bytes="64MB", min_lag_age=900``).
+    * ``max_lag_bytes`` / ``max_lag_age``: fire once the lag is AT MOST this / the oldest
+      unconfirmed change is AT MOST this old or none is pending; with both set, BOTH must hold.
+      With the once-per-position rule this announces each acknowledged position at which the
+      slot has caught up (e.g. to start a cut-over DAG).
+    * ``min_*`` and ``max_*`` cannot be mixed; at least one is needed; the ages need
+      ``publications``, to decode the oldest pending transaction.
 
     A slot that does not exist or was invalidated (``wal_status = lost``), or a check that
     cannot judge it (a physical slot), fails the watcher with the lag sensor's own message and
@@ -86,12 +87,18 @@ class PostgresCdcSlotLagEventTrigger(PostgresCdcSlotLagTrigger, BaseEventTrigger
     is warned about on every check and fires like any other crossing: a drain is the remedy.
     Connection errors are logged and retried. Nothing in ``run`` blocks the triggerer's loop.
 
+    Arguments are checked when the DAG is parsed and kept as plain numbers (bytes, seconds), so
+    the kwargs, and the hash Airflow matches a watcher's trigger row by, do not depend on the
+    form a threshold was written in.
+
     :param slot_name: the replication slot.
-    :param postgres_conn_id: Airflow connection to the slot's database (looked up where the
-        trigger runs; the kwargs never hold credentials).
-    :param publications: the publications the slot is drained with (needed for ``max_lag_age``).
+    :param postgres_conn_id: Airflow ``postgres`` connection to the slot's database (looked up
+        where the trigger runs; the kwargs never hold credentials).
+    :param publications: the publications the slot is drained with (needed for the ages).
     :param min_lag_bytes: fire once at least this much WAL is pending; an int or a size ("64MB").
-    :param max_lag_age: fire once the oldest pending change is at least this many seconds old.
+    :param max_lag_bytes: fire once at most this much WAL is pending.
+    :param min_lag_age: fire once the oldest pending change is at least this old (timedelta or seconds).
+    :param max_lag_age: fire once the oldest pending change is at most this old, or none is pending.
     :param min_safe_wal_bytes: warn when ``safe_wal_size`` falls under this floor.
     :param stale_after: warn when the slot is inactive and nobody has read it for this many seconds.
     :param poke_interval: seconds between checks.
@@ -102,65 +109,43 @@ class PostgresCdcSlotLagEventTrigger(PostgresCdcSlotLagTrigger, BaseEventTrigger
         *,
         slot_name: str,
         postgres_conn_id: str = PostgresCdcHook.default_conn_name,
-        publications: Sequence[str] = (),
+        publications: Sequence[str] | str = (),
         min_lag_bytes: int | str | None = None,
-        max_lag_age: float | str | timedelta | None = None,
+        max_lag_bytes: int | str | None = None,
+        min_lag_age: timedelta | float | str | None = None,
+        max_lag_age: timedelta | float | str | None = None,
         min_safe_wal_bytes: int | str | None = None,
-        stale_after: float | None = None,
+        stale_after: timedelta | float | None = None,
         poke_interval: float = 60.0,
     ) -> None:
-        if min_lag_bytes is None and max_lag_age is None:
-            raise ValueError(
-                "set min_lag_bytes or max_lag_age (or both): the watcher fires when either is crossed"
-            )
-        if max_lag_age is not None and not publications:
-            raise ValueError(
-                "max_lag_age needs publications: the age of the lag is read by decoding the oldest pending "
-                "transaction, and pgoutput decodes only for named publications"
-            )
         super().__init__(
             slot_name=slot_name,
             postgres_conn_id=postgres_conn_id,
             publications=publications,
-            min_lag_bytes=None if min_lag_bytes is None else parse_size(min_lag_bytes),
-            min_safe_wal_bytes=None if min_safe_wal_bytes is None else parse_size(min_safe_wal_bytes),
+            min_lag_bytes=min_lag_bytes,
+            max_lag_bytes=max_lag_bytes,
+            min_lag_age=min_lag_age,
+            max_lag_age=max_lag_age,
+            min_safe_wal_bytes=min_safe_wal_bytes,
             on_wal_risk="warn",
             stale_after=stale_after,
-            poke_interval=float(poke_interval),
+            poke_interval=poke_interval,
         )
-        # Normalised to plain numbers, so the kwargs, and the hash Airflow matches a watcher's
-        # trigger row by, are the same whether the DAG wrote "64MB" or 67108864.
-        self.max_lag_age = None if max_lag_age is None else parse_duration(max_lag_age).total_seconds()
         self._last_fired: str | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            "airflow_provider_postgres_cdc.triggers.slot_lag_event.PostgresCdcSlotLagEventTrigger",
-            {
-                "slot_name": self.slot_name,
-                "postgres_conn_id": self.postgres_conn_id,
-                "publications": list(self.publications),
-                "min_lag_bytes": self.min_lag_bytes,
-                "max_lag_age": self.max_lag_age,
-                "min_safe_wal_bytes": self.min_safe_wal_bytes,
-                "stale_after": self.stale_after,
-                "poke_interval": self.poke_interval,
-            },
-        )
-
-    def _thresholds(self) -> LagThresholds:
-        """The lag check's "piled up" thresholds: ANY of them crossed fires."""
-        return LagThresholds.parse(min_lag_bytes=self.min_lag_bytes, min_lag_age=self.max_lag_age)
+        _, kwargs = super().serialize()
+        del kwargs["on_wal_risk"]  # always "warn" here: a drain is the remedy of a slot at risk
+        return "airflow_provider_postgres_cdc.triggers.slot_lag_event.PostgresCdcSlotLagEventTrigger", kwargs
 
     def payload(self, decision: SlotLagDecision, health: SlotHealth) -> dict[str, Any]:
         """The event: the lag check's event plus the numbers a run (or a person) looks at first."""
-        age = health.lag_age
         return {
             **decision.to_event(),
-            "slot": self.slot_name,
+            "slot_name": self.slot_name,
             "confirmed_flush_lsn": _position(health),
             "lag_bytes": health.lag_bytes,
-            "lag_age_seconds": None if age is None else age.total_seconds(),
+            "lag_age_seconds": as_seconds(health.lag_age),
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -131,7 +131,7 @@ def test_watcher_starts_a_run_once_per_position_past_the_threshold(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'lag_slot'",
             pg_dbname,
         )[0][0]
-        assert payload["slot"] == "lag_slot" and payload["outcome"] == "met"
+        assert payload["slot_name"] == "lag_slot" and payload["outcome"] == "met"
         assert payload["confirmed_flush_lsn"] == payload["health"]["confirmed_flush_lsn"] == position
         assert payload["lag_bytes"] >= THRESHOLD and "threshold crossed" in payload["message"]
 

@@ -117,10 +117,15 @@ def deployment(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)
     pipelines = [
-        {"conn_id": "shop", "slot": SLOT, "lake_conn_id": "lake", "publications": [PUBLICATION]},
-        {"conn_id": "shop", "slot": "no_such_slot", "lake_conn_id": "lake"},
-        {"conn_id": "shop", "slot": SLOT, "lake_conn_id": "dead_lake", "timeout": 5},
-        {"conn_id": "slow_source", "slot": SLOT, "lake_conn_id": "fresh_lake", "timeout": 2},
+        {
+            "postgres_conn_id": "shop",
+            "slot_name": SLOT,
+            "lake_conn_id": "lake",
+            "publications": [PUBLICATION],
+        },
+        {"postgres_conn_id": "shop", "slot_name": "no_such_slot", "lake_conn_id": "lake"},
+        {"postgres_conn_id": "shop", "slot_name": SLOT, "lake_conn_id": "dead_lake", "timeout": 5},
+        {"postgres_conn_id": "slow_source", "slot_name": SLOT, "lake_conn_id": "fresh_lake", "timeout": 2},
     ]
     sandbox = pipeline_sandbox(
         tmp / "airflow",

@@ -64,7 +64,7 @@ def test_cdc_dag_starts_by_itself_once_the_lag_crosses_the_threshold(
         "POSTGRES_CDC_ON_LAG_SLOT": SLOT, "POSTGRES_CDC_ON_LAG_PUBLICATION": PUBLICATION,
         "POSTGRES_CDC_ON_LAG_CONN_ID": "shop", "POSTGRES_CDC_ON_LAG_STAGING": str(staging),
         "POSTGRES_CDC_ON_LAG_LAKE_CONN_ID": "lake", "POSTGRES_CDC_ON_LAG_SPARK_CONN_ID": "spark_local",
-        "POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES": str(THRESHOLD), "POSTGRES_CDC_ON_LAG_MAX_LAG_AGE": "",
+        "POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES": str(THRESHOLD), "POSTGRES_CDC_ON_LAG_MIN_LAG_AGE": "",
         "POSTGRES_CDC_ON_LAG_POKE_INTERVAL": "1",
     }  # fmt: skip
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn, env=watcher_env)

@@ -14,7 +14,9 @@ from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 @pytest.fixture
 def hook(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.MonkeyPatch) -> PostgresCdcHook:
-    uri = f"postgres-cdc://postgres:s3cret-pass@127.0.0.1:{pg_cluster.port}/{pg_dbname}?application_name=pgl-test&connect_timeout=5"
+    # A standard postgres connection, with an extra of PostgresHook's own (ignored here) among libpq's.
+    query = "application_name=pgl-test&connect_timeout=5&cursor=dictcursor"
+    uri = f"postgresql://postgres:s3cret-pass@127.0.0.1:{pg_cluster.port}/{pg_dbname}?{query}"
     monkeypatch.setenv("AIRFLOW_CONN_PGL_TEST", uri)
     return PostgresCdcHook("pgl_test")
 
@@ -23,6 +25,7 @@ def test_connection_params_pass_extras_through(hook: PostgresCdcHook, pg_dbname:
     params = hook.connection_params()
     assert params["dbname"] == pg_dbname
     assert params["application_name"] == "pgl-test"
+    assert "cursor" not in params
     with hook.connection() as conn, conn.cursor() as cur:
         cur.execute("SELECT current_setting('application_name'), current_setting('TimeZone')")
         assert cur.fetchone() == ("pgl-test", "UTC")

@@ -18,8 +18,6 @@ from airflow_provider_postgres_cdc.engine.report import (
     render_html,
 )
 from airflow_provider_postgres_cdc.engine.report.collect import _with_acks, _within, live_rows
-from airflow_provider_postgres_cdc.errors import LakeConfigError
-from airflow_provider_postgres_cdc.plugins.pipelines import parse_pipelines
 
 NOW = datetime(2026, 11, 27, 6, 0, tzinfo=UTC)
 
@@ -63,17 +61,6 @@ def test_page_escapes_report_text_and_fetches_nothing() -> None:
     assert hostile not in page and "&lt;/script&gt;&lt;img" in page
     assert re.search(r"<\w+[^>]*\s(src|href)=", page) is None and "@import" not in page
     assert page.count("unknown") >= 3  # source lag, WAL status, cut, latency: said, not blank
-
-
-def test_pipeline_setting_parsed_and_refused_with_a_reason() -> None:
-    (spec,) = parse_pipelines('[{"conn_id": "db", "slot": "s", "lake_conn_id": "lk", "publications": ["p"]}]')
-    assert (spec.conn_id, spec.slot, spec.lake_conn_id, spec.publications, spec.timeout) == (
-        "db", "s", "lk", ("p",), 10.0)  # fmt: skip
-    assert parse_pipelines(None) == []
-    with pytest.raises(LakeConfigError, match="not valid JSON"):
-        parse_pipelines("[{")
-    with pytest.raises(LakeConfigError, match="needs string conn_id, slot and lake_conn_id"):
-        parse_pipelines('[{"conn_id": "db"}]')
 
 
 def test_a_hung_call_is_cut_off_and_errors_pass_through() -> None:

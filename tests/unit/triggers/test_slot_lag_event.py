@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
@@ -12,7 +13,9 @@ from airflow.sdk import AssetWatcher
 from airflow.sdk.module_loading import import_string
 from airflow.triggers.base import BaseEventTrigger
 
-from airflow_provider_postgres_cdc.engine.health import Outcome
+from airflow_provider_postgres_cdc.engine.health import LagThresholds, Outcome
+from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
+from airflow_provider_postgres_cdc.triggers.slot_lag import PostgresCdcSlotLagTrigger
 from airflow_provider_postgres_cdc.triggers.slot_lag_event import PostgresCdcSlotLagEventTrigger, fires
 
 CLASSPATH = "airflow_provider_postgres_cdc.triggers.slot_lag_event.PostgresCdcSlotLagEventTrigger"
@@ -26,8 +29,8 @@ def test_serialization_round_trip_pins_the_classpath_and_normalises_sizes_and_ag
         postgres_conn_id="pg_prod",
         publications=("pub_a", "Pub B"),
         min_lag_bytes="64MB",
-        max_lag_age="600",
-        min_safe_wal_bytes=1 << 30,
+        min_lag_age="600",
+        min_safe_wal_bytes="1GB",
         stale_after=86400.0,
         poke_interval=30,
     )
@@ -40,7 +43,9 @@ def test_serialization_round_trip_pins_the_classpath_and_normalises_sizes_and_ag
         "postgres_conn_id": "pg_prod",
         "publications": ["pub_a", "Pub B"],
         "min_lag_bytes": 64 * MB,
-        "max_lag_age": 600.0,
+        "max_lag_bytes": None,
+        "min_lag_age": 600.0,
+        "max_lag_age": None,
         "min_safe_wal_bytes": 1 << 30,
         "stale_after": 86400.0,
         "poke_interval": 30.0,
@@ -55,24 +60,41 @@ def test_serialization_round_trip_pins_the_classpath_and_normalises_sizes_and_ag
 
 def test_it_is_an_event_trigger_an_asset_watcher_accepts_with_the_lag_checks_thresholds() -> None:
     trigger = PostgresCdcSlotLagEventTrigger(
-        slot_name="s", publications=["p"], min_lag_bytes=1, max_lag_age=60
+        slot_name="s", publications=["p"], min_lag_bytes=1, min_lag_age=60
     )
     assert isinstance(trigger, BaseEventTrigger)
     AssetWatcher(name="w", trigger=trigger)
-    # The watcher's max_lag_age is the lag check's "piled up" age: fire once a change is that old.
     thresholds = trigger._thresholds()
-    assert thresholds.min_lag_bytes == 1
-    assert thresholds.min_lag_age is not None and thresholds.min_lag_age.total_seconds() == 60
+    assert thresholds == LagThresholds(min_lag_bytes=1, min_lag_age=timedelta(seconds=60))
     assert not thresholds.fires_when_caught_up
+
+
+@pytest.mark.parametrize("name", ["min_lag_bytes", "max_lag_bytes", "min_lag_age", "max_lag_age"])
+def test_each_threshold_means_the_same_on_the_sensor_the_trigger_and_the_watcher(name: str) -> None:
+    """One name, one direction: the three faces hand the same LagThresholds to the one judgement."""
+    value = "2MB" if name.endswith("_bytes") else "120"
+    kwargs = {"slot_name": "s", "publications": ["p"], name: value}
+    sensor = PostgresCdcSlotLagSensor(task_id="lag", **kwargs)  # type: ignore[arg-type]
+    trigger = PostgresCdcSlotLagTrigger(**kwargs)  # type: ignore[arg-type]
+    watcher = PostgresCdcSlotLagEventTrigger(**kwargs)  # type: ignore[arg-type]
+    expected = LagThresholds(**{name: 2 * MB if name.endswith("_bytes") else timedelta(seconds=120)})
+    assert sensor._thresholds() == trigger._thresholds() == watcher._thresholds() == expected
+    assert expected.fires_when_caught_up is name.startswith("max_")
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({}, "set min_lag_bytes or max_lag_age"),
-        ({"max_lag_age": 60}, "max_lag_age needs publications"),
-        ({"min_lag_bytes": "lots"}, "size"),
-        ({"max_lag_age": -1, "publications": ["p"]}, "duration"),
+        ({}, "at least one of min_lag_bytes"),
+        ({"min_lag_bytes": 1, "max_lag_age": 60, "publications": ["p"]}, "cannot be combined"),
+        ({"min_lag_age": 60}, "need publications"),
+        ({"min_lag_bytes": "lots"}, r"min_lag_bytes='lots' is not an int of bytes or a size such as '64MB'"),
+        (
+            {"min_lag_age": -1, "publications": ["p"]},
+            r"min_lag_age=-1 is not a timedelta, a number of seconds",
+        ),
+        ({"max_lag_bytes": 1.5}, "max_lag_bytes=1.5 is not an int of bytes"),
+        ({"min_lag_bytes": 1, "min_safe_wal_bytes": "1 GiB"}, "min_safe_wal_bytes='1 GiB' is not"),
     ],
 )
 def test_bad_thresholds_fail_when_the_dag_is_parsed(kwargs: dict[str, object], message: str) -> None:
@@ -105,12 +127,12 @@ def load_example(monkeypatch: pytest.MonkeyPatch, **env: str) -> ModuleType:
 
 
 def test_example_dag_reads_slot_and_thresholds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {"SLOT": "shop_cdc", "MIN_LAG_BYTES": "1MB", "MAX_LAG_AGE": "", "POKE_INTERVAL": "5"}
+    env = {"SLOT": "shop_cdc", "MIN_LAG_BYTES": "1MB", "MIN_LAG_AGE": "", "POKE_INTERVAL": "5"}
     module = load_example(monkeypatch, **env)
     (watcher,) = module.slot_lag.watchers
     _, kwargs = watcher.trigger.serialize()
     assert kwargs["slot_name"] == "shop_cdc" and kwargs["min_lag_bytes"] == MB
-    assert kwargs["max_lag_age"] is None and kwargs["poke_interval"] == 5.0
+    assert kwargs["min_lag_age"] is None and kwargs["poke_interval"] == 5.0
     dag = module.dag
     assert dag.max_active_runs == 1
     assert dag.params["slot_name"] == "shop_cdc"
@@ -119,8 +141,9 @@ def test_example_dag_reads_slot_and_thresholds_from_the_environment(monkeypatch:
 
 
 def test_example_dag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SLOT", "MIN_LAG_BYTES", "MAX_LAG_AGE", "POKE_INTERVAL", "PUBLICATION", "CONN_ID"):
+    for name in ("SLOT", "MIN_LAG_BYTES", "MIN_LAG_AGE", "POKE_INTERVAL", "PUBLICATION", "CONN_ID"):
         monkeypatch.delenv(f"POSTGRES_CDC_ON_LAG_{name}", raising=False)
     _, kwargs = load_example(monkeypatch).slot_lag.watchers[0].trigger.serialize()
     assert kwargs["slot_name"] == "postgres_cdc_slot" and kwargs["publications"] == ["postgres_cdc_pub"]
-    assert (kwargs["min_lag_bytes"], kwargs["max_lag_age"], kwargs["poke_interval"]) == (64 * MB, 900.0, 60.0)
+    assert (kwargs["min_lag_bytes"], kwargs["min_lag_age"], kwargs["poke_interval"]) == (64 * MB, 900.0, 60.0)
+    assert (kwargs["max_lag_bytes"], kwargs["max_lag_age"]) == (None, None)
