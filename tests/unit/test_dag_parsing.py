@@ -4,20 +4,23 @@ The DAG processor imports every DAG file again and again; an operator module tha
 engine would cost each parse hundreds of milliseconds and the memory of Arrow. A fresh interpreter
 imports Airflow and the Spark provider (the package's Spark operators subclass it), parses every
 example DAG file with Airflow's own DagBag, timing each (the first pays for importing this
-package), then imports every operator module, the task groups and the factories, and reports
-which heavy modules were loaded.
+package), then imports every Airflow face (operators, hooks, sensors, triggers, plugins, task groups,
+factories, Asset handlers, metrics, the command's entry point), and reports which heavy modules
+were loaded.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import pkgutil
 import subprocess
 import sys
 from pathlib import Path
 
-import airflow_provider_postgres_cdc.operators
-
+PACKAGE = "airflow_provider_postgres_cdc"
+FACE_PACKAGES = ("operators", "hooks", "sensors", "triggers", "plugins")
+FACE_MODULES = ("task_groups", "dag_factories", "assets", "metrics", "get_provider_info", "cli")
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "dags_examples").glob("*.py"))
 HEAVY = ("pyarrow", "numpy", "pyiceberg")
 BUDGET_SECONDS = 0.3
@@ -43,17 +46,14 @@ print(json.dumps({"seconds": seconds, "dags": dags, "errors": errors, "heavy": h
 
 
 def faces() -> list[str]:
-    operators = [
+    """Every module a DAG file or Airflow's plugin and provider discovery imports."""
+    packages = [importlib.import_module(f"{PACKAGE}.{name}") for name in FACE_PACKAGES]
+    in_packages = [
         info.name
-        for info in pkgutil.iter_modules(
-            airflow_provider_postgres_cdc.operators.__path__, "airflow_provider_postgres_cdc.operators."
-        )
+        for package in packages
+        for info in pkgutil.iter_modules(package.__path__, f"{package.__name__}.")
     ]
-    return [
-        *operators,
-        "airflow_provider_postgres_cdc.task_groups",
-        "airflow_provider_postgres_cdc.dag_factories",
-    ]
+    return [*in_packages, *(f"{PACKAGE}.{name}" for name in FACE_MODULES)]
 
 
 def probe(modules: list[str], files: list[Path]) -> dict[str, dict[str, object] | list[str]]:
@@ -68,7 +68,8 @@ def probe(modules: list[str], files: list[Path]) -> dict[str, dict[str, object] 
 
 def test_faces_and_example_dags_load_no_heavy_module_and_parse_within_budget() -> None:
     modules = faces()
-    assert "airflow_provider_postgres_cdc.operators.snapshot" in modules and len(EXAMPLES) >= 6
+    assert f"{PACKAGE}.operators.snapshot" in modules and f"{PACKAGE}.hooks.postgres" in modules
+    assert len(EXAMPLES) >= 6
     report = probe(modules, EXAMPLES)
     assert report["heavy"] == []
     assert all(errors == {} for errors in report["errors"].values()), report["errors"]  # type: ignore[union-attr]
