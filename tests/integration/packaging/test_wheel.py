@@ -26,7 +26,15 @@ PACKAGE = "airflow_provider_postgres_cdc"
 HEAVY = ("pyarrow", "numpy", "pyiceberg", "pyspark")
 # What a working tree holds beside its sources: virtualenvs, caches, build output, Git's store.
 LEFT_BEHIND = (
-    ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "demo-output",
+    ".git",
+    ".venv*",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    ".hypothesis",
+    "demo-output",
 )
 # What DAG files import (tests/unit/test_dag_parsing.py checks every face; this, the wheel).
 DAG_FACING = (f"{PACKAGE}.task_groups", f"{PACKAGE}.dag_factories")
