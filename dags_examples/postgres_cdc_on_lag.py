@@ -11,19 +11,19 @@ An Asset and its watcher are fixed when the DAG is parsed, so the slot and the t
 be DAG params: they are read from these environment variables of the DAG processor (and of the
 workers, which parse the DAG too), with these defaults:
 
-=====================================  =============================  ========================================
-variable                               default                        meaning
-=====================================  =============================  ========================================
-``POSTGRES_CDC_ON_LAG_SLOT``           ``postgres_cdc_slot``          the slot watched and drained
-``POSTGRES_CDC_ON_LAG_PUBLICATION``    ``postgres_cdc_pub``           the publication it is drained with
-``POSTGRES_CDC_ON_LAG_CONN_ID``        ``postgres_default``           its database's postgres connection
-``POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES``  ``64MB``                       run once this much WAL is pending
-``POSTGRES_CDC_ON_LAG_MIN_LAG_AGE``    ``900``                        ...or once a change waited this long (s)
-``POSTGRES_CDC_ON_LAG_POKE_INTERVAL``  ``60``                         seconds between the watcher's checks
-``POSTGRES_CDC_ON_LAG_STAGING``        ``/tmp/postgres-cdc/staging``  staging directory of the batches
-``POSTGRES_CDC_ON_LAG_LAKE_CONN_ID``   ``postgres_cdc_lake_default``  lake connection
-``POSTGRES_CDC_ON_LAG_SPARK_CONN_ID``  ``spark_default``              Spark connection
-=====================================  =============================  ========================================
+========================================  =============================  ====================================
+variable                                  default                        meaning
+========================================  =============================  ====================================
+``POSTGRES_CDC_ON_LAG_SLOT_NAME``         ``postgres_cdc_slot``          the slot watched and drained
+``POSTGRES_CDC_ON_LAG_PUBLICATIONS``      ``postgres_cdc_pub``           the publication it is drained with
+``POSTGRES_CDC_ON_LAG_POSTGRES_CONN_ID``  ``postgres_default``           its database's postgres connection
+``POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES``     ``64MB``                       run once this much WAL is pending
+``POSTGRES_CDC_ON_LAG_MIN_LAG_AGE``       ``900``                        ...or a change this old (seconds)
+``POSTGRES_CDC_ON_LAG_POKE_INTERVAL``     ``60``                         seconds between the watcher's checks
+``POSTGRES_CDC_ON_LAG_STAGING``           ``s3://postgres-cdc/staging``  the batches' staging root: set yours
+``POSTGRES_CDC_ON_LAG_LAKE_CONN_ID``      ``postgres_cdc_lake_default``  lake connection
+``POSTGRES_CDC_ON_LAG_SPARK_CONN_ID``     ``spark_default``              Spark connection
+========================================  =============================  ====================================
 
 Set ``POSTGRES_CDC_ON_LAG_MIN_LAG_AGE`` to an empty string to fire on bytes only (or
 ``..._MIN_LAG_BYTES`` to fire on age only). The last three only set the defaults of the DAG's
@@ -55,19 +55,19 @@ def _setting(name: str, default: str) -> str | None:
     return value or None
 
 
-SLOT = _setting("SLOT", "postgres_cdc_slot") or "postgres_cdc_slot"
-PUBLICATION = _setting("PUBLICATION", "postgres_cdc_pub") or "postgres_cdc_pub"
-CONN_ID = _setting("CONN_ID", "postgres_default") or "postgres_default"
+SLOT_NAME = _setting("SLOT_NAME", "postgres_cdc_slot") or "postgres_cdc_slot"
+PUBLICATIONS = _setting("PUBLICATIONS", "postgres_cdc_pub") or "postgres_cdc_pub"
+POSTGRES_CONN_ID = _setting("POSTGRES_CONN_ID", "postgres_default") or "postgres_default"
 
 slot_lag = Asset(
-    name=f"postgres_cdc_slot_lag_{SLOT}",
+    name=f"postgres_cdc_slot_lag_{SLOT_NAME}",
     watchers=[
         AssetWatcher(
-            name=f"postgres_cdc_slot_lag_{SLOT}",
+            name=f"postgres_cdc_slot_lag_{SLOT_NAME}",
             trigger=PostgresCdcSlotLagEventTrigger(
-                slot_name=SLOT,
-                postgres_conn_id=CONN_ID,
-                publications=[PUBLICATION],
+                slot_name=SLOT_NAME,
+                postgres_conn_id=POSTGRES_CONN_ID,
+                publications=[PUBLICATIONS],
                 min_lag_bytes=_setting("MIN_LAG_BYTES", "64MB"),
                 min_lag_age=_setting("MIN_LAG_AGE", "900"),
                 stale_after=86400.0,
@@ -85,10 +85,10 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1)},
     params=pipeline_params(
-        postgres_conn_id=Param(CONN_ID, type="string"),
-        publications=Param(PUBLICATION, type="string"),
-        slot_name=Param(SLOT, type="string"),
-        staging=Param(_setting("STAGING", "/tmp/postgres-cdc/staging"), type="string"),
+        postgres_conn_id=Param(POSTGRES_CONN_ID, type="string"),
+        publications=Param(PUBLICATIONS, type="string"),
+        slot_name=Param(SLOT_NAME, type="string"),
+        staging=Param(_setting("STAGING", "s3://postgres-cdc/staging"), type="string"),
         lake_conn_id=Param(_setting("LAKE_CONN_ID", "postgres_cdc_lake_default"), type="string"),
         spark_conn_id=Param(_setting("SPARK_CONN_ID", "spark_default"), type="string"),
         max_messages=Param(1_000_000, type="integer", minimum=1),

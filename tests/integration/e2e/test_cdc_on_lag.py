@@ -61,8 +61,8 @@ def test_cdc_dag_starts_by_itself_once_the_lag_crosses_the_threshold(
     lake, lake_conn = make_lake(tmp_path / "lake")
     conf = pipeline_conf(SLOT, staging)
     watcher_env = {
-        "POSTGRES_CDC_ON_LAG_SLOT": SLOT, "POSTGRES_CDC_ON_LAG_PUBLICATION": PUBLICATION,
-        "POSTGRES_CDC_ON_LAG_CONN_ID": "shop", "POSTGRES_CDC_ON_LAG_STAGING": str(staging),
+        "POSTGRES_CDC_ON_LAG_SLOT_NAME": SLOT, "POSTGRES_CDC_ON_LAG_PUBLICATIONS": PUBLICATION,
+        "POSTGRES_CDC_ON_LAG_POSTGRES_CONN_ID": "shop", "POSTGRES_CDC_ON_LAG_STAGING": str(staging),
         "POSTGRES_CDC_ON_LAG_LAKE_CONN_ID": "lake", "POSTGRES_CDC_ON_LAG_SPARK_CONN_ID": "spark_local",
         "POSTGRES_CDC_ON_LAG_MIN_LAG_BYTES": str(THRESHOLD), "POSTGRES_CDC_ON_LAG_MIN_LAG_AGE": "",
         "POSTGRES_CDC_ON_LAG_POKE_INTERVAL": "1",

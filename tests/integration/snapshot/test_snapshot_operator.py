@@ -48,7 +48,7 @@ def source(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.Monk
         pg_dbname,
     )
     pg_cluster.execute(f"ALTER ROLE postgres PASSWORD '{PASSWORD}'")
-    uri = f"postgres-cdc://postgres:{PASSWORD}@127.0.0.1:{pg_cluster.port}/{pg_dbname}"
+    uri = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{pg_cluster.port}/{pg_dbname}"
     monkeypatch.setenv("AIRFLOW_CONN_PGL_SNAPSHOT", uri)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", "spark://local%5B2%5D")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)

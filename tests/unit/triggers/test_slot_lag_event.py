@@ -127,7 +127,7 @@ def load_example(monkeypatch: pytest.MonkeyPatch, **env: str) -> ModuleType:
 
 
 def test_example_dag_reads_slot_and_thresholds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {"SLOT": "shop_cdc", "MIN_LAG_BYTES": "1MB", "MIN_LAG_AGE": "", "POKE_INTERVAL": "5"}
+    env = {"SLOT_NAME": "shop_cdc", "MIN_LAG_BYTES": "1MB", "MIN_LAG_AGE": "", "POKE_INTERVAL": "5"}
     module = load_example(monkeypatch, **env)
     (watcher,) = module.slot_lag.watchers
     _, kwargs = watcher.trigger.serialize()
@@ -141,7 +141,8 @@ def test_example_dag_reads_slot_and_thresholds_from_the_environment(monkeypatch:
 
 
 def test_example_dag_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("SLOT", "MIN_LAG_BYTES", "MIN_LAG_AGE", "POKE_INTERVAL", "PUBLICATION", "CONN_ID"):
+    names = ("SLOT_NAME", "MIN_LAG_BYTES", "MIN_LAG_AGE", "POKE_INTERVAL", "PUBLICATIONS", "POSTGRES_CONN_ID")
+    for name in names:
         monkeypatch.delenv(f"POSTGRES_CDC_ON_LAG_{name}", raising=False)
     _, kwargs = load_example(monkeypatch).slot_lag.watchers[0].trigger.serialize()
     assert kwargs["slot_name"] == "postgres_cdc_slot" and kwargs["publications"] == ["postgres_cdc_pub"]
