@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.sdk.execution_time.context import OutletEventAccessors
 
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
 from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
@@ -195,14 +196,20 @@ def _drain(staging: str, common: dict[str, str]) -> str:
     return str(summary["manifest"])
 
 
+def _outlets() -> Any:
+    """What the task runner gives the apply and the ack to record their Asset events in."""
+    return {"outlet_events": OutletEventAccessors()}
+
+
 def _apply(manifest: str) -> None:
     PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=manifest, lake_conn_id="cl_lake", spark_conn_id="cl_spark", conf=SPARK_CONF
-    ).execute({})  # type: ignore[arg-type]
+    ).execute(_outlets())
 
 
 def _ack(manifest: str, common: dict[str, str]) -> None:
-    PostgresCdcAckOperator(task_id="ack", manifest=manifest, lake_conn_id="cl_lake", **common).execute({})  # type: ignore[arg-type]
+    ack = PostgresCdcAckOperator(task_id="ack", manifest=manifest, lake_conn_id="cl_lake", **common)
+    ack.execute(_outlets())
 
 
 def _end_of(manifest: str) -> object:
