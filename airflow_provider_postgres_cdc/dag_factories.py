@@ -40,6 +40,7 @@ from airflow_provider_postgres_cdc.task_groups import (
     cdc_microbatch_task_group,
     from_params,
     pipeline_params,
+    pool_argument,
     snapshot_task_group,
 )
 
@@ -276,7 +277,7 @@ def lake_maintenance_dag(
             older_than_hours="{{ params.older_than_hours }}",
             spark_conn_id=shared["spark_conn_id"],
             conf=dict(spark_conf or {}),
-            **({"pool": pool} if pool else {}),
+            **pool_argument(pool),
         )
         retention >> maintenance
     return dag
@@ -291,18 +292,14 @@ def _snapshot_dag(
     **group: Any,
 ) -> DAG:
     """A triggered snapshot DAG (initial, backfill, recovery): the snapshot task group in ``slot_mode``."""
-    tags = {
-        "create": ["snapshot"],
-        "temporary": ["snapshot", "backfill"],
-        "recover": ["snapshot", "recovery"],
-    }
+    purpose = {"create": [], "temporary": ["backfill"], "recover": ["recovery"]}[slot_mode]
     dag = _dag(
         factory,
         dag_id,
         None,
         arguments,
         params,
-        {"render_template_as_native_obj": True, "tags": [*_TAGS, "cdc", "snapshot", *tags]},
+        {"render_template_as_native_obj": True, "tags": [*_TAGS, "cdc", "snapshot", *purpose]},
     )
     with dag:
         snapshot_task_group(

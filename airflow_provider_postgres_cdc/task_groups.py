@@ -133,7 +133,7 @@ def cdc_microbatch_task_group(
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
             staging_conn_id=staging_conn_id,
-            **_pool(pool),
+            **pool_argument(pool),
         )
         ack = PostgresCdcAckOperator(
             task_id="ack",
@@ -212,7 +212,7 @@ def snapshot_task_group(
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
             staging_conn_id=staging_conn_id,
-            **_pool(pool),
+            **pool_argument(pool),
         )
         snapshot >> load
         if publish is not None:
@@ -226,6 +226,6 @@ def snapshot_task_group(
     return group
 
 
-def _pool(pool: str | None) -> dict[str, Any]:
+def pool_argument(pool: str | None) -> dict[str, Any]:
     """``pool=`` only when one is named, so Airflow's default pool applies otherwise."""
     return {"pool": pool} if pool else {}

@@ -104,3 +104,17 @@ def test_the_maintenance_dag_runs_retention_then_the_lake_job() -> None:
     assert (retention.staging, retention.staging_conn_id) == ("{{ params.staging }}", "store")
     assert maintenance.pool == "lake"
     assert dag.params["keep_cuts"] == 7
+
+
+def test_each_snapshot_dag_is_tagged_for_what_it_does() -> None:
+    tags = {
+        factory: factory(staging=STAGING).tags
+        for factory in (
+            dag_factories.initial_snapshot_dag,
+            dag_factories.backfill_tables_dag,
+            dag_factories.recover_slot_dag,
+        )
+    }
+    assert tags[dag_factories.initial_snapshot_dag] == {"postgres-cdc", "cdc", "snapshot"}
+    assert tags[dag_factories.backfill_tables_dag] == {"postgres-cdc", "cdc", "snapshot", "backfill"}
+    assert tags[dag_factories.recover_slot_dag] == {"postgres-cdc", "cdc", "snapshot", "recovery"}
