@@ -19,12 +19,12 @@ from airflow_provider_postgres_cdc.engine.health import (
 )
 from airflow_provider_postgres_cdc.errors import SlotNotFoundError
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
+from airflow_provider_postgres_cdc.operators.arguments import is_template
 from airflow_provider_postgres_cdc.triggers.slot_lag import (
     PostgresCdcSlotLagTrigger,
     age_argument,
     as_seconds,
     check_threshold_choice,
-    is_template,
     lag_thresholds,
     size_argument,
 )

@@ -45,11 +45,6 @@ def age_argument(name: str, value: timedelta | float | str | None) -> timedelta 
         raise ValueError(f"{name}={value!r} is not {AGE_FORMS} ({exc})") from None
 
 
-def is_template(value: object) -> bool:
-    """A Jinja template not rendered yet: checked once rendered, in ``execute``."""
-    return isinstance(value, str) and "{{" in value
-
-
 def check_threshold_choice(publications: object, **thresholds: object) -> None:
     """Raise ``ValueError`` unless the set thresholds make one condition and the ages can be read.
 
