@@ -43,15 +43,20 @@ from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperat
 from airflow_provider_postgres_cdc.operators.publication import PostgresCdcPublishTablesOperator
 from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
 
+# Names a pipeline gets when its DAGs are not told others.
+DEFAULT_SLOT_NAME = "postgres_cdc_slot"
+DEFAULT_PUBLICATIONS = "postgres_cdc_pub"
+DEFAULT_SPARK_CONN_ID = "spark_default"
+
 # The params every pipeline DAG shares: name -> (default, description). Staging has no default: it
 # is where every worker meets (a path one machine sees is no default for a cluster).
 _SHARED: dict[str, tuple[str | None, str]] = {
     "postgres_conn_id": (PostgresCdcHook.default_conn_name, "Airflow connection of the source database"),
-    "publications": ("postgres_cdc_pub", "publication the slot is read with"),
-    "slot_name": ("postgres_cdc_slot", "the pipeline's logical replication slot"),
+    "publications": (DEFAULT_PUBLICATIONS, "publication the slot is read with"),
+    "slot_name": (DEFAULT_SLOT_NAME, "the pipeline's logical replication slot"),
     "staging": (None, "staging root every worker reaches: a path or a file://, s3://, gs://, hdfs:// URI"),
     "lake_conn_id": (PostgresCdcLakeHook.default_conn_name, "the lake's postgres_cdc_lake connection"),
-    "spark_conn_id": ("spark_default", "Spark connection of the apply and load jobs"),
+    "spark_conn_id": (DEFAULT_SPARK_CONN_ID, "Spark connection of the apply and load jobs"),
 }
 
 
@@ -92,7 +97,7 @@ def cdc_microbatch_task_group(
     lake_conn_id: str = PostgresCdcLakeHook.default_conn_name,
     group_id: str = "postgres_cdc",
     postgres_conn_id: str = PostgresCdcHook.default_conn_name,
-    spark_conn_id: str = "spark_default",
+    spark_conn_id: str = DEFAULT_SPARK_CONN_ID,
     transport: Transport = "peek",
     max_messages: int | str | None = 1_000_000,
     lag_sensor: Mapping[str, Any] | None = None,
@@ -165,7 +170,7 @@ def snapshot_task_group(
     publish: str | Sequence[str | Mapping[str, Any]] | None = None,
     group_id: str = "postgres_cdc_snapshot",
     postgres_conn_id: str = PostgresCdcHook.default_conn_name,
-    spark_conn_id: str = "spark_default",
+    spark_conn_id: str = DEFAULT_SPARK_CONN_ID,
     spark_conf: Mapping[str, Any] | None = None,
     spark_env_vars: Mapping[str, Any] | None = None,
     spark_binary: str | None = None,

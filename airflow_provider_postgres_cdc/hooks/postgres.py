@@ -290,7 +290,7 @@ class PostgresCdcHook(BaseHook):
         Contains the password: never log it, and never put it in trigger kwargs (triggers take
         the connection id and call this where they run).
         """
-        # Imported here: only triggers need it. common-compat comes with the Spark provider; it
+        # Imported here: only triggers need it. common-compat (a declared dependency)
         # picks the non-blocking lookup each Airflow version offers (aget_connection, aextra_dejson).
         from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
 
