@@ -37,6 +37,7 @@ from airflow_provider_postgres_cdc.engine.snapshot.plan import (
     published_subset,
 )
 from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import (
+    await_temporary_slot_gone,
     drop_created_slot,
     prepare_slot,
     temporary_slot_name,
@@ -348,12 +349,22 @@ class SnapshotRun:
         return path, manifest
 
     def close(self) -> None:
-        """Release the exported snapshot and the catalog connection (the slot stays)."""
-        for conn in (self._holder, self._catalog):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
+        """Release the exported snapshot and the catalog connection.
+
+        The pipeline's slot stays; a re-snapshot's temporary slot goes with the holder, and is
+        waited for, so that it is gone when the run returns.
+        """
+        holder, catalog = self._holder, self._catalog
         self._holder = self._catalog = None
+        if holder is not None:
+            with contextlib.suppress(Exception):
+                holder.close()
+            if catalog is not None and self.slot_mode == "temporary" and self.created is not None:
+                with contextlib.suppress(Exception):
+                    await_temporary_slot_gone(catalog, self.created.slot_name)
+        if catalog is not None:
+            with contextlib.suppress(Exception):
+                catalog.close()
 
     def abort(self) -> None:
         """Undo a failed run: close the holder, drop the slot this run created, delete staged files."""

@@ -104,6 +104,26 @@ def wants_failover(catalog: Any, slot: str, failover: bool | None) -> bool:
     return failover
 
 
+def await_temporary_slot_gone(conn: Any, slot: str, timeout: float = 10.0) -> None:
+    """Wait until PostgreSQL has dropped a re-snapshot's temporary slot after its holder closed.
+
+    The slot goes with the walsender that held it, which exits asynchronously after its connection
+    closes: waiting here means a finished or failed re-snapshot leaves no slot of its own behind.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            describe_slot(conn, slot)
+        except SlotNotFoundError:
+            return
+        time.sleep(0.05)
+    log.warning(
+        "temporary slot %s still exists %.0f s after its snapshot's connection closed; PostgreSQL drops "
+        "it when that connection's walsender exits",
+        slot, timeout,
+    )  # fmt: skip
+
+
 def drop_created_slot(conn_params: ConnParams, slot: str, timeout: float = 30.0) -> None:
     """Drop the slot a failed run created, waiting for the walsender that held it to let go.
 
