@@ -8,13 +8,13 @@ export PATH := $(BIN):$(PATH)
 export PYSPARK_PYTHON := $(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(BIN)/python
 
-# Debian's JDBC drivers (PostgreSQL for the Spark copy engine and a PostgreSQL-backed catalog, SQLite
-# for the local Iceberg catalog) and jarjar, which re-shades Jackson for the Iceberg runtime.
-DEBIAN_JARS := /usr/share/java/postgresql.jar /usr/share/java/sqlite-jdbc.jar /usr/share/java/jarjar.jar
-ICEBERG_DIR := $(VENV)/iceberg-jars
-ICEBERG_JARS := $(CURDIR)/$(ICEBERG_DIR)/iceberg-spark-runtime-3.5_2.12-1.10.2.jar,$(CURDIR)/$(ICEBERG_DIR)/iceberg-shaded-jackson-2.15.jar
+# The official Apache artifacts the Spark jobs load for the lake (Iceberg's Spark runtime and AWS
+# bundle, hadoop-aws and its AWS SDK, the PostgreSQL and SQLite JDBC drivers), pinned with their
+# checksums in tools/lake-jars/ and copied from Maven's cache into the virtualenv once.
+SPARK_LINE ?= 3.5
+LAKE_JARS_DIR := $(CURDIR)/$(VENV)/lake-jars/spark-$(SPARK_LINE)
 # What local Spark loads for the lake (airflow_provider_postgres_cdc.spark.local_jars reads it).
-export POSTGRES_CDC_SPARK_JARS := $(ICEBERG_JARS),/usr/share/java/sqlite-jdbc.jar,/usr/share/java/postgresql.jar
+export POSTGRES_CDC_SPARK_JARS := $(shell tools/lake-jars/jars.sh list $(SPARK_LINE) $(LAKE_JARS_DIR))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: venv lake-jars browser lint test test-floor test-fast test-cluster soak e2e-on-lag demo clean
@@ -44,10 +44,11 @@ $(FLOOR_STAMP): pyproject.toml
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -m pytest tests/unit -q -n $(WORKERS) -p no:cacheprovider
 
-$(DEBIAN_JARS):
+# Maven resolves the lake's jars (Debian's package, where the machine lacks it).
+MVN := /usr/bin/mvn
+$(MVN):
 	$(SUDO) apt-get update -qq
-	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-		libpostgresql-jdbc-java libxerial-sqlite-jdbc-java libjarjar-java libasm-java
+	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven
 
 # Debian's chromium: the real browser the Airflow view's test loads the page in (tests/integration/airflow).
 CHROMIUM := /usr/bin/chromium
@@ -55,11 +56,11 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-$(ICEBERG_DIR)/.built: $(STAMP) $(DEBIAN_JARS) tools/iceberg_jars.sh
-	tools/iceberg_jars.sh $(BIN)/pip $$($(BIN)/python -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))') $(ICEBERG_DIR)
+$(LAKE_JARS_DIR)/.fetched: $(MVN) tools/lake-jars/pom.xml tools/lake-jars/SHA256SUMS tools/lake-jars/jars.sh
+	tools/lake-jars/jars.sh fetch $(SPARK_LINE) $(LAKE_JARS_DIR)
 	touch $@
 
-lake-jars: $(ICEBERG_DIR)/.built
+lake-jars: $(LAKE_JARS_DIR)/.fetched
 
 browser: $(CHROMIUM)
 
