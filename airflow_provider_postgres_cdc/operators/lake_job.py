@@ -28,9 +28,11 @@ class LakeSparkJobOperator(SparkSubmitOperator):
 
     Everything of :class:`SparkSubmitOperator` applies (``conf``, ``jars``, ``packages``,
     ``spark_binary``, ``env_vars``, ...). The lake's catalog properties are added to ``conf``
-    (explicit ``conf`` entries win); the job's package modules go with ``py_files``; the Iceberg
-    runtime comes from ``jars`` or ``packages`` (on a connected cluster
-    ``packages="org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.2"``), and when neither is
+    (explicit ``conf`` entries win); settings holding a secret (catalog passwords, tokens, client
+    credentials, S3 secret keys) go to spark-submit in a private ``properties_file`` instead, so no
+    command line or log shows them (``engine/spark_conf.py``); the job's package modules go with
+    ``py_files``; the Iceberg runtime comes from ``jars`` or ``packages`` (on a connected cluster
+    ``packages="org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.1"``), and when neither is
     given from ``POSTGRES_CDC_SPARK_JARS`` (set by ``make``). Subclasses say what the job is told.
     """
 
@@ -53,16 +55,24 @@ class LakeSparkJobOperator(SparkSubmitOperator):
         """The job's command-line arguments after the lake's own (``--catalog``, ``--namespace-prefix``)."""
         raise NotImplementedError
 
+    def staging_conf(self) -> dict[str, str]:
+        """Spark settings for the staging store the job reads (none unless a subclass reads staging)."""
+        return {}
+
     def execute(self, context: Context) -> None:
+        from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings
+
         lake = self._get_lake_hook().get_conn()
-        self.conf = {**lake.spark_conf(), **(self.conf or {})}
         if not self.jars and not self.packages:
             self.jars = local_jars() or None
         args = ["--catalog", lake.catalog]
         if lake.namespace_prefix:
             args += ["--namespace-prefix", lake.namespace_prefix]
         self.application_args = args + self.job_arguments(lake)
+        conf = {**lake.spark_conf(), **self.staging_conf(), **(self.conf or {})}
+        # The private directory (and the secrets file in it) is deleted when the job has ended.
         with tempfile.TemporaryDirectory(prefix="postgres-cdc-job-") as scratch:
+            self.conf, self.properties_file = submit_settings(conf, scratch, self.properties_file)
             shipped = job_py_files(scratch)
             self.py_files = f"{self.py_files},{shipped}" if self.py_files else shipped
             super().execute(context)

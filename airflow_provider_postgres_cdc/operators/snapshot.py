@@ -17,7 +17,7 @@ from airflow_provider_postgres_cdc.engine.choices import COPY_ENGINES, SLOT_MODE
 from airflow_provider_postgres_cdc.errors import BACKFILL, SlotExistsError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
-from airflow_provider_postgres_cdc.hooks.staging import staging_options
+from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
 from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
 from airflow_provider_postgres_cdc.spark import local_jars
 
@@ -85,7 +85,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
     :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
         credentials (:class:`PostgresCdcStagingHook`); ``None``: pyarrow's environment chain (templated).
         The local engine writes with it; the Spark engine's executors write through Hadoop's
-        ``s3a`` and take their credentials from ``spark_conf`` (docs/LAKE.md).
+        ``s3a`` with its endpoint and keys (the secret in the job's private properties file).
     """
 
     template_fields: Sequence[str] = (
@@ -232,6 +232,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             SPARK_PASSWORD_ENV,
             jdbc_connection,
         )
+        from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings
 
         url, properties, password = jdbc_connection(params)
         spec = run.spark_job_spec(url, properties)
@@ -240,6 +241,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             spec_path = os.path.join(scratch, "snapshot_job.json")
             with open(spec_path, "w", encoding="utf-8") as handle:
                 json.dump(spec, handle)
+            staging = staging_spark_conf(self.staging_conn_id, str(self.staging))
+            conf, properties_file = submit_settings({**staging, **(self.spark_conf or {})}, scratch)
             self._spark_hook = hook = SparkSubmitHook(
                 conn_id=self.spark_conn_id,
                 name=f"postgres-cdc-snapshot-{run.slot}",
@@ -247,7 +250,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
                 files=spec_path,
                 jars=jars,
                 packages=packages,
-                conf=self.spark_conf,
+                conf=conf,
+                properties_file=properties_file,
                 env_vars={SPARK_PASSWORD_ENV: password} if password else None,
                 spark_binary=self.spark_binary or _default_spark_submit(),
             )

@@ -15,7 +15,7 @@ from airflow_provider_postgres_cdc.assets import TABLES_ALIAS, alias, table_asse
 from airflow_provider_postgres_cdc.errors import LakeCatalogError
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, WriteMode
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
-from airflow_provider_postgres_cdc.hooks.staging import staging_options
+from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
 from airflow_provider_postgres_cdc.operators.arguments import check_choice
 from airflow_provider_postgres_cdc.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH
@@ -33,8 +33,10 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
     :param write_mode: row-level write mode of tables the job creates: ``merge-on-read`` (default:
         docs/LAKE.md says why) or ``copy-on-write`` (templated).
     :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
-    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store, for reading the
-        manifest here; the job itself reads staging through the cluster's own S3 settings (templated).
+    :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store: the manifest is read
+        here with it, and the job's executors read the staged files with its endpoint and keys through
+        ``s3a`` (the secret in the job's private properties file); ``None``: the worker's and the
+        cluster's own S3 settings (templated).
     :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
         one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
         cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
@@ -72,6 +74,9 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         args = ["--manifest", str(self.manifest), "--write-mode", self.write_mode]
         return args + (["--tables", ",".join(self.tables)] if self.tables else [])
+
+    def staging_conf(self) -> dict[str, str]:
+        return staging_spark_conf(self.staging_conn_id, str(self.manifest))
 
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.staging import read_manifest  # loads pyarrow: at run time

@@ -47,8 +47,12 @@ def submitted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     def record(self: SparkSubmitOperator, context: Any) -> None:
         with zipfile.ZipFile(str(self.py_files).split(",")[-1]) as shipped:
             names = shipped.namelist()
+        secrets = Path(self.properties_file) if self.properties_file else None
         calls.append({"conf": dict(self.conf or {}), "args": list(self.application_args or []),
-                      "jars": self.jars, "shipped": names, "conn_id": self._conn_id})  # fmt: skip
+                      "jars": self.jars, "shipped": names, "conn_id": self._conn_id,
+                      "properties_file": secrets,
+                      "properties": secrets.read_text() if secrets else "",
+                      "mode": secrets.stat().st_mode & 0o777 if secrets else None})  # fmt: skip
 
     monkeypatch.setattr(SparkSubmitOperator, "execute", record)
     return calls
@@ -64,14 +68,53 @@ def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
     )  # fmt: skip
     operator.execute({})  # type: ignore[arg-type]
     (call,) = submitted
-    assert call["conf"]["spark.sql.catalog.shop.jdbc.password"] == "s3cret"
+    # The secret is in a private properties file that is gone once the job ended, never in --conf.
+    assert "spark.sql.catalog.shop.jdbc.password" not in call["conf"]
+    assert "spark.sql.catalog.shop.jdbc.password=s3cret" in call["properties"].splitlines()
+    assert call["mode"] == 0o600 and not call["properties_file"].exists()
+    assert call["conf"]["spark.sql.catalog.shop.jdbc.user"] == "ice"
+    assert "credential" in call["conf"]["spark.redaction.regex"]
     assert call["conf"]["spark.sql.catalog.shop.warehouse"] == "s3a://override"  # explicit conf wins
     assert call["args"][:2] == ["--catalog", "shop"] and "--namespace-prefix" in call["args"]
     assert call["args"][call["args"].index("--manifest") + 1] == path
-    assert "s3cret" not in " ".join(call["args"])  # the secret travels in conf, which the hook masks
+    assert "s3cret" not in " ".join(call["args"]) + json.dumps(call["conf"])
     assert call["jars"] == "/jars/iceberg.jar" and call["conn_id"] == "spark_local"
     assert "airflow_provider_postgres_cdc/formats/lake.py" in call["shipped"]
     assert "airflow_provider_postgres_cdc/spark/apply_batch.py" in call["shipped"]
+
+
+def test_the_staging_connection_reaches_the_job_s_s3a_settings_with_its_secret_in_the_file(
+    submitted: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = {"conn_type": "aws", "login": "AKIDSTAGING", "password": "staging-secret",
+             "extra": {"endpoint_url": "http://127.0.0.1:8333", "region_name": "eu-west-1"}}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_STAGING_STORE", json.dumps(store))
+    operator = PostgresCdcSparkApplyOperator(
+        task_id="apply", manifest="s3://stage-bucket/shop_cdc/batch-1/_manifest.json",
+        lake_conn_id="shop_lake", staging_conn_id="staging_store",
+    )  # fmt: skip
+    operator.staging_conn_id = "staging_store"
+    monkeypatch.setattr(
+        "airflow_provider_postgres_cdc.engine.staging.read_manifest",
+        lambda uri, options: Manifest.from_json(Path(write_manifest(tmp_path, (TABLE,))).read_text()),
+    )
+    operator.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
+    (call,) = submitted
+    bucket = "spark.hadoop.fs.s3a.bucket.stage-bucket."
+    assert call["conf"][bucket + "endpoint"] == "http://127.0.0.1:8333"
+    assert call["conf"][bucket + "path.style.access"] == "true"
+    assert call["conf"][bucket + "endpoint.region"] == "eu-west-1"
+    assert call["conf"][bucket + "access.key"] == "AKIDSTAGING"
+    assert call["conf"]["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    assert f"{bucket}secret.key=staging-secret" in call["properties"].splitlines()
+    assert "staging-secret" not in json.dumps(call["conf"]) + " ".join(call["args"])
+
+
+class _NoEvents(dict[Any, Any]):
+    """``outlet_events`` of a context whose lake has none of the batch's tables (no event is added)."""
+
+    def __missing__(self, key: Any) -> Any:
+        return self
 
 
 def test_an_empty_batch_submits_nothing(submitted: list[dict[str, Any]], tmp_path: Path) -> None:

@@ -1,0 +1,82 @@
+"""Secrets reach spark-submit in a private properties file: which settings, and the file itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_postgres_cdc.engine.spark_conf import (
+    is_secret_key,
+    spark_defaults_file,
+    split_secrets,
+    submit_settings,
+)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "spark.sql.catalog.lake.jdbc.password",
+        "spark.sql.catalog.lake.token",
+        "spark.sql.catalog.lake.credential",
+        "spark.sql.catalog.lake.s3.secret-access-key",
+        "spark.sql.catalog.lake.s3.session-token",
+        "spark.hadoop.fs.s3a.secret.key",
+        "spark.hadoop.fs.s3a.bucket.staging.session.token",
+    ],
+)
+def test_secret_settings_are_recognised(key: str) -> None:
+    assert is_secret_key(key)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "spark.sql.catalog.lake.uri",
+        "spark.sql.catalog.lake.s3.access-key-id",
+        "spark.hadoop.fs.s3a.bucket.staging.access.key",
+        "spark.sql.catalog.lake.warehouse",
+        "spark.redaction.regex",
+    ],
+)
+def test_other_settings_stay_on_the_command_line(key: str) -> None:
+    assert not is_secret_key(key)
+
+
+def test_secrets_go_to_a_private_file_after_the_spark_defaults(tmp_path: Path) -> None:
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text("spark.eventLog.enabled true")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    try:
+        public, path = submit_settings(
+            {"spark.sql.catalog.lake.uri": "http://c", "spark.sql.catalog.lake.credential": "id:s=c\\r#t"},
+            str(scratch),
+        )
+    finally:
+        monkeypatch.undo()
+    assert set(public) == {"spark.sql.catalog.lake.uri", "spark.redaction.regex"}
+    assert path is not None and Path(path).parent == scratch and Path(path).stat().st_mode & 0o777 == 0o600
+    # The defaults first (spark-submit would skip them); values escaped for java.util.Properties.
+    assert Path(path).read_text().splitlines() == [
+        "spark.eventLog.enabled true",
+        "spark.sql.catalog.lake.credential=id:s=c\\\\r#t",
+    ]
+
+
+def test_without_secrets_no_file_is_written_and_the_user_s_file_is_kept(tmp_path: Path) -> None:
+    public, path = submit_settings({"spark.executor.memory": "2g"}, str(tmp_path), "/etc/spark/mine.conf")
+    assert path == "/etc/spark/mine.conf" and public["spark.executor.memory"] == "2g"
+    assert list(tmp_path.iterdir()) == []
+    assert split_secrets({"a.token": "x"}) == ({}, {"a.token": "x"})
+
+
+def test_the_spark_defaults_are_found_where_spark_submit_looks(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    assert spark_defaults_file({"SPARK_HOME": str(tmp_path)}) is None
+    (tmp_path / "conf" / "spark-defaults.conf").write_text("")
+    assert spark_defaults_file({"SPARK_HOME": str(tmp_path)}) == tmp_path / "conf" / "spark-defaults.conf"
