@@ -11,11 +11,11 @@
 
 Each factory returns an Airflow ``DAG`` whose tasks read the shared params of
 :func:`~airflow_provider_postgres_cdc.task_groups.pipeline_params`: the keyword arguments
-(``slot_name``, ``publications``, ``staging``, ``postgres_conn_id``, ``lake_conn_id``,
-``spark_conn_id``) set their defaults and a run's ``--conf`` may override each, so one conf drives
-every DAG of a pipeline. ``staging`` has no default: a scheduled DAG needs it here, a triggered one
-takes it from here or from each run's conf. The other keyword arguments are fixed when the DAG is
-parsed: ``staging_conn_id`` (the ``aws`` connection of an ``s3://`` staging store), ``pool`` (one
+(``slot_name``, ``publications``, ``staging``, ``staging_conn_id`` (the ``aws`` connection of an
+``s3://`` staging store), ``postgres_conn_id``, ``lake_conn_id``, ``spark_conn_id``) set their
+defaults and a run's ``--conf`` may override each, so one conf drives every DAG of a pipeline.
+``staging`` has no default: a scheduled DAG needs it here, a triggered one takes it from here or
+from each run's conf. The other keyword arguments are fixed when the DAG is parsed: ``pool`` (one
 Airflow pool shared by every task writing the lake: apply, load, maintenance), ``spark_conf``, and
 any further keyword, passed to ``DAG`` as is (``tags``, ``default_args``, ``start_date``...). Give
 the DAGs of a second pipeline their own ``dag_id`` s.
@@ -203,7 +203,6 @@ def cdc_microbatch_dag(
             lag_sensor={"min_lag_bytes": "{{ params.min_lag_bytes }}", "poke_interval": 10, "timeout": 3600},
             spark_conf=spark_conf,
             pool=pool,
-            staging_conn_id=staging_conn_id,
         )
     return dag
 
@@ -270,7 +269,7 @@ def lake_maintenance_dag(
             staging=shared["staging"],
             retention_hours="{{ params.staging_retention_hours }}",
             postgres_conn_id=shared["postgres_conn_id"],
-            staging_conn_id=staging_conn_id,
+            staging_conn_id=shared["staging_conn_id"],
         )
         maintenance = PostgresCdcLakeMaintenanceOperator(
             task_id="lake_maintenance",
@@ -311,7 +310,6 @@ def _snapshot_dag(
             copy_engine=arguments["copy_engine"],
             spark_conf=arguments["spark_conf"],
             pool=arguments["pool"],
-            staging_conn_id=arguments["staging_conn_id"],
             **group,
         )
     return dag
@@ -332,7 +330,8 @@ def _dag(
             f"{factory.__name__}(staging=...) is required for a scheduled DAG: its runs have no conf to "
             "name the staging root (a path or s3://, gs://, hdfs:// URI that every worker reaches)"
         )
-    shared = {name: arguments[name] for name in from_params() if name in arguments}
+    # An argument left None takes the param's own default (none for staging: each run names it).
+    shared = {name: arguments[name] for name in from_params() if arguments.get(name) is not None}
     kwargs: dict[str, Any] = {
         "start_date": _START,
         "catchup": False,

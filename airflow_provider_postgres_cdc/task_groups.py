@@ -55,6 +55,7 @@ _SHARED: dict[str, tuple[str | None, str]] = {
     "publications": (DEFAULT_PUBLICATIONS, "publication the slot is read with"),
     "slot_name": (DEFAULT_SLOT_NAME, "the pipeline's logical replication slot"),
     "staging": (None, "staging root every worker reaches: a path or a file://, s3://, gs://, hdfs:// URI"),
+    "staging_conn_id": ("", "aws connection of an s3:// staging store; empty: the workers' own credentials"),
     "lake_conn_id": (PostgresCdcLakeHook.default_conn_name, "the lake's postgres_cdc_lake connection"),
     "spark_conn_id": (DEFAULT_SPARK_CONN_ID, "Spark connection of the apply and load jobs"),
 }
@@ -63,8 +64,8 @@ _SHARED: dict[str, tuple[str | None, str]] = {
 def pipeline_params(**params: str | Param | None) -> dict[str, Param]:
     """The DAG params every Postgres CDC pipeline DAG takes, so one ``--conf`` drives them all.
 
-    A shared param (``slot_name``, ``publications``, ``staging``, ``postgres_conn_id``,
-    ``lake_conn_id``, ``spark_conn_id``) takes its default from a plain value
+    A shared param (``slot_name``, ``publications``, ``staging``, ``staging_conn_id``,
+    ``postgres_conn_id``, ``lake_conn_id``, ``spark_conn_id``) takes its default from a plain value
     (``staging="s3://bucket/staging"``) or is replaced by a :class:`Param`; other keywords are the
     DAG's own Params. ``staging`` has no default unless given, so a run must name it (Airflow
     refuses a run without it, and a scheduled DAG without one).

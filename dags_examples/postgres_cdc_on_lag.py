@@ -21,6 +21,7 @@ variable                                  default                        meaning
 ``POSTGRES_CDC_ON_LAG_MIN_LAG_AGE``       ``900``                        ...or a change this old (seconds)
 ``POSTGRES_CDC_ON_LAG_POKE_INTERVAL``     ``60``                         seconds between the watcher's checks
 ``POSTGRES_CDC_ON_LAG_STAGING``           ``s3://postgres-cdc/staging``  the batches' staging root: set yours
+``POSTGRES_CDC_ON_LAG_STAGING_CONN_ID``   (none)                         aws connection of an s3:// staging
 ``POSTGRES_CDC_ON_LAG_LAKE_CONN_ID``      ``postgres_cdc_lake_default``  lake connection
 ``POSTGRES_CDC_ON_LAG_SPARK_CONN_ID``     ``spark_default``              Spark connection
 ========================================  =============================  ====================================
@@ -89,6 +90,7 @@ with DAG(
         publications=Param(PUBLICATIONS, type="string"),
         slot_name=Param(SLOT_NAME, type="string"),
         staging=Param(_setting("STAGING", "s3://postgres-cdc/staging"), type="string"),
+        staging_conn_id=Param(_setting("STAGING_CONN_ID", "") or "", type="string"),
         lake_conn_id=Param(_setting("LAKE_CONN_ID", "postgres_cdc_lake_default"), type="string"),
         spark_conn_id=Param(_setting("SPARK_CONN_ID", "spark_default"), type="string"),
         max_messages=Param(1_000_000, type="integer", minimum=1),
@@ -100,6 +102,7 @@ with DAG(
         slot_name="{{ params.slot_name }}",
         publications="{{ params.publications }}",
         staging="{{ params.staging }}",
+        staging_conn_id="{{ params.staging_conn_id }}",
         lake_conn_id="{{ params.lake_conn_id }}",
         postgres_conn_id="{{ params.postgres_conn_id }}",
         spark_conn_id="{{ params.spark_conn_id }}",

@@ -32,6 +32,8 @@ def pyiceberg_properties(config: LakeConfig) -> dict[str, str]:
     kind = config.catalog_type
     if kind in _PASS_THROUGH:
         props["type"] = _PASS_THROUGH[kind]
+        if "client.region" in props:  # Iceberg's (Spark's) name of the region; pyiceberg's S3 reads s3.region
+            props.setdefault("s3.region", props["client.region"])
         return props
     if kind != "jdbc":
         raise LakeCatalogError(

@@ -53,6 +53,39 @@ class S3Options:
             kwargs["region"] = region
         return pafs.S3FileSystem(**kwargs)  # type: ignore[arg-type]
 
+    def spark_hadoop_conf(self, bucket: str) -> dict[str, str]:
+        """The Spark settings with which Hadoop's ``s3a`` reads ``bucket`` as this store (per-bucket keys).
+
+        Spark's executors read staged files through ``s3a`` (``s3://`` paths too); the settings are
+        the bucket's own (``fs.s3a.bucket.<bucket>.*``), so the cluster's settings for other
+        buckets, the warehouse's for one, stay as they are. A custom endpoint is an S3-compatible
+        store (MinIO, SeaweedFS, Ceph), addressed path-style. Without keys, s3a's default chain
+        (environment, instance role) applies. The secret key and session token are secrets
+        (``engine/spark_conf.py`` keeps them off the command line).
+        """
+        prefix = f"spark.hadoop.fs.s3a.bucket.{bucket}."
+        conf = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+        if self.endpoint_url:
+            conf[prefix + "endpoint"] = self.endpoint_url
+            conf[prefix + "path.style.access"] = "true"
+            conf[prefix + "connection.ssl.enabled"] = str(self.endpoint_url.startswith("https")).lower()
+        region = self.region or ("us-east-1" if self.endpoint_url else None)
+        if region:
+            conf[prefix + "endpoint.region"] = region
+        if self.access_key:
+            conf[prefix + "access.key"] = self.access_key
+            conf[prefix + "secret.key"] = self.secret_key or ""
+            if self.session_token:
+                conf[prefix + "session.token"] = self.session_token
+                conf[prefix + "aws.credentials.provider"] = (
+                    "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+                )
+            else:
+                conf[prefix + "aws.credentials.provider"] = (
+                    "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+                )
+        return conf
+
     def scrub(self, text: str) -> str:
         """``text`` with the secret and the session token replaced (defence in depth for messages)."""
         for secret in (self.secret_key, self.session_token):

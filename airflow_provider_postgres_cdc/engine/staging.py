@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from airflow_provider_postgres_cdc.engine.object_store import S3Options, check_access
+from airflow_provider_postgres_cdc.errors import StagingAccessError
 from airflow_provider_postgres_cdc.formats.layout import MANIFEST_NAME, batch_path, part_file_name
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 
@@ -48,7 +49,14 @@ class StagingLocation:
             return cls(pafs.LocalFileSystem(), str(Path(uri).expanduser().resolve()), uri)
         if s3 is not None and uri.startswith("s3://"):
             return cls(s3.filesystem(), uri[len("s3://") :].rstrip("/"), uri, s3)
-        filesystem, root = pafs.FileSystem.from_uri(uri)
+        try:
+            filesystem, root = pafs.FileSystem.from_uri(uri)
+        except OSError as exc:  # pyarrow asks the store (an S3 bucket's region) before anything is read
+            raise StagingAccessError(
+                f"cannot open staging {uri} with the worker's own credentials ({str(exc).splitlines()[0]}): "
+                "name the store's connection (staging_conn_id: an aws connection with its endpoint and keys) "
+                "or give the worker credentials for it. Nothing was staged and the slot did not move."
+            ) from None
         return cls(filesystem, root.rstrip("/") or "/", uri)
 
     def check_access(self) -> None:

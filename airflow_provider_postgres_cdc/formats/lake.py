@@ -60,6 +60,8 @@ WRITE_MODES: tuple[WriteMode, ...] = get_args(WriteMode)
 # Steps of the maintenance job, each of which may be skipped.
 MaintenanceStep = Literal["rewrite", "tags", "expire", "orphans"]
 MAINTENANCE_STEPS: tuple[MaintenanceStep, ...] = get_args(MaintenanceStep)
+# The keys of a lake's settings (a postgres_cdc_lake connection's extras, a lake JSON file).
+LAKE_SETTINGS = ("catalog", "properties", "namespace_prefix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,11 @@ class LakeConfig:
         }
         if self.catalog_type == "jdbc":
             conf[f"{prefix}.jdbc.schema-version"] = "V1"
-        conf.update({f"{prefix}.{key}": str(value) for key, value in self.properties.items()})
+        properties = dict(self.properties)
+        # pyiceberg's name of the region is s3.region; Iceberg's S3FileIO reads client.region.
+        if "s3.region" in properties:
+            properties.setdefault("client.region", properties["s3.region"])
+        conf.update({f"{prefix}.{key}": str(value) for key, value in properties.items()})
         return conf
 
     def namespace(self, schema: str) -> str:
@@ -133,7 +139,7 @@ class LakeConfig:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LakeConfig:
         """From ``{"catalog", "properties", "namespace_prefix"}`` (a connection's extras, a JSON file)."""
-        unknown = set(data) - {"catalog", "properties", "namespace_prefix"}
+        unknown = set(data) - set(LAKE_SETTINGS)
         if unknown:
             raise LakeConfigError(
                 f"unknown lake setting(s) {sorted(unknown)}: expected 'catalog', 'properties' "
@@ -268,7 +274,7 @@ def batch_committed(history: Iterable[tuple[int, Mapping[str, str]]], slot: str,
 
 def local_lake(root: str, catalog: str = "lake") -> LakeConfig:
     """A lake needing no server: Iceberg's JDBC catalog in ``<root>/catalog.db`` (SQLite), data in
-    ``<root>/warehouse``; what the demo and the tests use (Spark needs Debian's sqlite-jdbc jar)."""
+    ``<root>/warehouse``; what the demo and the tests use (Spark needs the sqlite-jdbc jar)."""
     return LakeConfig(
         catalog=catalog,
         properties={

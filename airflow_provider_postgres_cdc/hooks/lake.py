@@ -7,25 +7,23 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_postgres_cdc.errors import LakeConfigError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
-
-# Which catalog property the connection's password fills, by catalog type.
-_SECRET_PROPERTY = {"jdbc": "jdbc.password", "rest": "token", "nessie": "token"}
 
 
 class PostgresCdcLakeHook(BaseHook):
-    """The lake's Iceberg catalog as Spark and pyiceberg name it, from a ``postgres_cdc_lake`` connection.
+    """The lake's Iceberg catalog as Spark and pyiceberg name it, from a ``postgres_cdc_lake`` connection
+    or the Iceberg provider's standard ``iceberg`` connection (``formats/lake_connection.py``).
 
-    The connection's extras hold ``catalog`` (the Spark catalog name, default ``lake``),
-    ``properties`` (the catalog's Spark properties without the ``spark.sql.catalog.<name>.``
-    prefix: ``type``, ``uri``, ``warehouse``, ``io-impl``, ...) and ``namespace_prefix``. Login and
-    password, when set, become ``jdbc.user``/``jdbc.password`` of a JDBC catalog (``token`` of a
-    REST one), so the secret stays in the connection's password field, which Airflow masks::
+    A ``postgres_cdc_lake`` connection's extras hold ``catalog`` (the Spark catalog name, default
+    ``lake``), ``properties`` (the catalog's properties without the ``spark.sql.catalog.<name>.``
+    prefix: ``type``, ``uri``, ``warehouse``, ``io-impl``, ...) and ``namespace_prefix``. An
+    ``iceberg`` connection has the REST catalog's URL as host, its OAuth2 client id and secret as
+    login and password, and the catalog's properties as extras. The secret stays in the password
+    field, which Airflow masks, and reaches Spark jobs only through a private properties file::
 
-        AIRFLOW_CONN_LAKE='{"conn_type": "postgres_cdc_lake", "login": "iceberg", "password": "...",
-          "extra": {"catalog": "lake", "properties": {"type": "jdbc",
-            "uri": "jdbc:postgresql://db:5432/iceberg", "warehouse": "s3a://bucket/lake"}}}'
+        AIRFLOW_CONN_LAKE='{"conn_type": "iceberg", "host": "https://catalog.example.com/api/catalog",
+          "login": "<client id>", "password": "<client secret>",
+          "extra": {"warehouse": "s3://lake/", "s3.region": "eu-west-1"}}'
 
     :param lake_conn_id: the Airflow connection id.
     """
@@ -40,25 +38,25 @@ class PostgresCdcLakeHook(BaseHook):
         self.lake_conn_id = lake_conn_id
 
     def get_conn(self) -> LakeConfig:
-        """The lake's :class:`LakeConfig` (nothing is contacted)."""
+        """The lake's :class:`LakeConfig` (nothing is contacted); its secrets are masked in task logs."""
+        from airflow.sdk.log import mask_secret
+
+        from airflow_provider_postgres_cdc.engine.spark_conf import is_secret_key
+        from airflow_provider_postgres_cdc.formats.lake_connection import lake_config
+
         conn = self.get_connection(self.lake_conn_id)
-        try:
-            config = LakeConfig.from_mapping(conn.extra_dejson)
-        except LakeConfigError as exc:
-            raise LakeConfigError(f"connection {self.lake_conn_id!r}: {exc}") from None
-        properties = dict(config.properties)
-        kind = config.catalog_type
-        if conn.login and kind == "jdbc":
-            properties.setdefault("jdbc.user", conn.login)
-        if conn.password:
-            key = _SECRET_PROPERTY.get(kind)
-            if key is None:
-                raise LakeConfigError(
-                    f"connection {self.lake_conn_id!r} has a password, but a {kind or 'typeless'} catalog "
-                    "takes its credentials as properties: put them in the extras' properties"
-                )
-            properties[key] = conn.password
-        return LakeConfig(config.catalog, properties, config.namespace_prefix)
+        config = lake_config(
+            self.lake_conn_id,
+            conn.conn_type,
+            host=conn.host,
+            login=conn.login,
+            password=conn.password,
+            extra=conn.extra_dejson,
+        )
+        for key, value in config.properties.items():
+            if is_secret_key(key):
+                mask_secret(value)
+        return config
 
 
 def connection_json(config: LakeConfig) -> str:

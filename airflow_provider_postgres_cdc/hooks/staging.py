@@ -61,3 +61,13 @@ class PostgresCdcStagingHook(BaseHook):
 def staging_options(staging_conn_id: str | None) -> S3Options | None:
     """The :class:`S3Options` of ``staging_conn_id``, or ``None`` (pyarrow's environment chain) when unset."""
     return PostgresCdcStagingHook(staging_conn_id).get_conn() if staging_conn_id else None
+
+
+def staging_spark_conf(staging_conn_id: str | None, uri: str) -> dict[str, str]:
+    """The Spark settings with which a job's executors read and write the ``s3://`` staging at ``uri``
+    through ``s3a``, from ``staging_conn_id``; none for other stores or without a connection."""
+    options = staging_options(staging_conn_id)
+    scheme, _, rest = uri.partition("://")
+    if options is None or scheme not in ("s3", "s3a"):
+        return {}
+    return options.spark_hadoop_conf(rest.split("/", 1)[0])

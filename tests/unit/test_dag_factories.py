@@ -85,8 +85,9 @@ def test_the_backfill_publishes_added_tables_then_reloads_them_too() -> None:
     assert (snapshot.copy_engine, snapshot.slot_mode, snapshot.staging_conn_id) == (
         "spark",
         "temporary",
-        "store",
+        "{{ params.staging_conn_id }}",
     )
+    assert ParamsDict(dag.params).validate()["staging_conn_id"] == "store"
     assert snapshot.upstream_task_ids == {publish.task_id}
 
 
@@ -101,7 +102,11 @@ def test_the_maintenance_dag_runs_retention_then_the_lake_job() -> None:
     )
     retention, maintenance = dag.get_task("staging_retention"), dag.get_task("lake_maintenance")
     assert maintenance.upstream_task_ids == {retention.task_id}
-    assert (retention.staging, retention.staging_conn_id) == ("{{ params.staging }}", "store")
+    assert (retention.staging, retention.staging_conn_id) == (
+        "{{ params.staging }}",
+        "{{ params.staging_conn_id }}",
+    )
+    assert ParamsDict(dag.params).validate()["staging_conn_id"] == "store"
     assert maintenance.pool == "lake"
     assert dag.params["keep_cuts"] == 7
 

@@ -111,5 +111,48 @@ def test_the_connection_password_becomes_the_catalog_secret(monkeypatch: pytest.
     assert got.properties["jdbc.user"] == "ice" and got.properties["jdbc.password"] == "s3cret"
     conn["extra"]["properties"]["type"] = "glue"
     monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn))
-    with pytest.raises(LakeConfigError, match="takes its credentials as properties"):
+    with pytest.raises(LakeConfigError, match=r"'test_lake'.* glue catalog takes its credentials as catalog"):
         PostgresCdcLakeHook("test_lake").get_conn()
+
+
+def test_a_rest_catalog_takes_oauth2_client_credentials_or_a_bearer_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = LakeConfig("lake", {"type": "rest", "warehouse": "s3://lake/"})
+    conn = json.loads(connection_json(config)) | {
+        "host": "http://catalog:8181/",
+        "login": "id",
+        "password": "sec",
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn))
+    got = PostgresCdcLakeHook("test_lake").get_conn().properties
+    assert (got["uri"], got["credential"], "token" in got) == ("http://catalog:8181", "id:sec", False)
+    monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn | {"login": None, "password": "bearer-tok"}))
+    got = PostgresCdcLakeHook("test_lake").get_conn().properties
+    assert (got["token"], "credential" in got) == ("bearer-tok", False)
+    monkeypatch.setenv("AIRFLOW_CONN_TEST_LAKE", json.dumps(conn | {"password": None}))
+    with pytest.raises(LakeConfigError, match=r"'test_lake': it has a client id .* but no client secret"):
+        PostgresCdcLakeHook("test_lake").get_conn()
+
+
+def test_the_iceberg_provider_s_connection_is_a_lake(monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = {"warehouse": "s3://lake/", "s3.endpoint": "http://s3:8333", "s3.region": "eu-west-1",
+             "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+             "catalog": "shop", "namespace_prefix": "pg_"}  # fmt: skip
+    conn = {
+        "conn_type": "iceberg",
+        "host": "http://catalog:8181",
+        "login": "id",
+        "password": "sec",
+        "extra": extra,
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_ICE", json.dumps(conn))
+    got = PostgresCdcLakeHook("ice").get_conn()
+    assert (got.catalog, got.namespace_prefix, got.catalog_type) == ("shop", "pg_", "rest")
+    assert got.properties["credential"] == "id:sec" and got.properties["uri"] == "http://catalog:8181"
+    assert got.properties["s3.endpoint"] == "http://s3:8333" and "catalog" not in got.properties
+    spark = got.spark_conf()
+    assert spark["spark.sql.catalog.shop.client.region"] == "eu-west-1"  # Iceberg's S3FileIO reads this key
+    monkeypatch.setenv("AIRFLOW_CONN_ICE", json.dumps(conn | {"extra": {"type": "sql", "uri": "sqlite://"}}))
+    with pytest.raises(LakeConfigError, match="'ice': an iceberg connection's catalog type must be one of"):
+        PostgresCdcLakeHook("ice").get_conn()
