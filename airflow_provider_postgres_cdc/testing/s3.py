@@ -62,6 +62,8 @@ class S3Server:
     :param access_key: the access key id it accepts (default ``postgres-cdc-test``).
     :param secret_key: the secret it accepts (random when omitted; see :attr:`secret_key`).
     :param iceberg_rest: also serve SeaweedFS's Iceberg REST catalog (:attr:`iceberg_rest_url`).
+    :param table_buckets: S3 Tables buckets created at start: each is one catalog of the Iceberg REST
+        server, its warehouse ``s3://<name>/`` (:meth:`rest_lake` describes one as a lake).
     :param weed: the ``weed`` binary; found by :func:`find_weed` when omitted.
     """
 
@@ -75,12 +77,14 @@ class S3Server:
         access_key: str = "postgres-cdc-test",
         secret_key: str | None = None,
         iceberg_rest: bool = False,
+        table_buckets: Sequence[str] = (),
         weed: str | os.PathLike[str] | None = None,
     ) -> None:
         self.buckets = tuple(buckets)
+        self.table_buckets = tuple(table_buckets)
         self.access_key = access_key
         self.secret_key = secret_key or secrets.token_hex(20)
-        self.iceberg_rest = iceberg_rest
+        self.iceberg_rest = iceberg_rest or bool(table_buckets)
         self.weed = Path(weed) if weed else find_weed()
         self.host = "127.0.0.1"
         self.port = 0
@@ -140,7 +144,8 @@ class S3Server:
         data.mkdir(exist_ok=True)
         args = [
             str(self.weed), "mini", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
-            f"-bucket={','.join(self.buckets)}", "-s3.autoCreateBucket=false", "-webdav=false",
+            f"-bucket={','.join(self.buckets)}", "-s3.autoCreateBucket=false",
+            *([f"-tableBucket={','.join(self.table_buckets)}"] if self.table_buckets else []), "-webdav=false",
             "-admin.ui=false", "-master.telemetry=false",
             f"-filer.localSocket={self.root / 'filer.sock'}", f"-s3.localSocket={self.root / 's3.sock'}",
             *(f"-{flag}={port}" for flag, port in ports.items()),
@@ -200,6 +205,42 @@ class S3Server:
             endpoint_override=f"{self.host}:{self.port}",
             scheme="http",
             region=REGION,
+        )
+
+    def rest_catalog_properties(self, table_bucket: str, *, secret_key: str | None = None) -> dict[str, str]:
+        """The Iceberg properties of ``table_bucket``'s REST catalog, for Spark and pyiceberg alike.
+
+        The catalog takes OAuth2 client credentials made of this server's key pair, and Iceberg's
+        own S3 client (``S3FileIO``) writes the warehouse: path-style, at this endpoint.
+        """
+        secret = secret_key or self.secret_key
+        return {
+            "type": "rest",
+            "uri": self.iceberg_rest_url,
+            "warehouse": f"s3://{table_bucket}/",
+            "credential": f"{self.access_key}:{secret}",
+            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            "s3.endpoint": self.endpoint_url,
+            "s3.path-style-access": "true",
+            "s3.access-key-id": self.access_key,
+            "s3.secret-access-key": secret,
+            "s3.region": REGION,
+        }
+
+    def iceberg_connection_json(self, table_bucket: str, *, catalog: str = "lake") -> str:
+        """``table_bucket``'s REST catalog as the Iceberg provider's standard ``iceberg`` connection:
+        the catalog URL as host, the key pair as OAuth2 client id and secret, the rest as extras."""
+        extra = self.rest_catalog_properties(table_bucket)
+        for key in ("uri", "credential", "type"):
+            del extra[key]
+        return json.dumps(
+            {
+                "conn_type": "iceberg",
+                "host": self.iceberg_rest_url,
+                "login": self.access_key,
+                "password": self.secret_key,
+                "extra": {**extra, "catalog": catalog},
+            }
         )
 
     def connection_json(self, *, secret_key: str | None = None) -> str:
