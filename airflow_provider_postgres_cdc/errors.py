@@ -178,6 +178,10 @@ class CatalogError(ApplyError):
     """The Iceberg catalog cannot be reached or is not configured in this Spark session."""
 
 
+class IcebergRuntimeError(PostgresCdcError):
+    """The Spark job has no Iceberg runtime, or one built for another Spark or Scala version."""
+
+
 class MaintenanceError(PostgresCdcError):
     """The maintenance job was called wrongly (a bad argument); nothing was changed."""
 

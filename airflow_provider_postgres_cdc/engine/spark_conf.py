@@ -48,9 +48,12 @@ def submit_settings(
 ) -> tuple[dict[str, str], str | None]:
     """The ``conf`` and ``properties_file`` to hand spark-submit for ``conf``: its secrets in a file in
     ``directory`` (after ``properties_file``'s, or the Spark defaults'), the rest as ``--conf``."""
-    public, secret = split_secrets({"spark.redaction.regex": REDACTION_REGEX, **conf})
+    public, secret = split_secrets(conf)
     if not secret:
         return public, properties_file
+    # The redaction rule goes with the secrets (on a command line, the Spark provider's own log
+    # masking mangles it); a --conf the caller gave still wins.
+    secret = {"spark.redaction.regex": REDACTION_REGEX, **secret}
     return public, write_properties_file(directory, secret, properties_file or spark_defaults_file())
 
 

@@ -15,6 +15,7 @@ Maintenance commits (compaction, expiry) carry no such keys and inherit their pa
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -163,6 +164,39 @@ class LakeConfig:
         if not isinstance(data, Mapping):
             raise LakeConfigError("lake configuration must be a JSON object")
         return cls.from_mapping(data)
+
+
+# Iceberg's Spark runtime artifacts: one per Spark line and Scala version (docs/LAKE.md, "Versions").
+ICEBERG_RUNTIME_ARTIFACT = "iceberg-spark-runtime-{spark}_{scala}"
+_RUNTIME_IN_PATH = re.compile(r"iceberg-spark-runtime-(\d+\.\d+)_(\d+\.\d+)")
+
+
+def iceberg_runtime_problem(
+    spark_version: str, scala_version: str, runtime_location: str | None
+) -> str | None:
+    """What is wrong with the Iceberg runtime a Spark job found, or None when nothing is.
+
+    ``runtime_location`` is where the JVM loaded Iceberg's ``SparkCatalog`` from (None: not found).
+    A runtime is built for one Spark line (``3.5``) and Scala version (``2.12``); its jar is named
+    so, whether it came from ``--jars`` or ``--packages``. A location of another name is trusted.
+    """
+    line = ".".join(spark_version.split(".")[:2])
+    scala = ".".join(scala_version.split(".")[:2])
+    wanted = ICEBERG_RUNTIME_ARTIFACT.format(spark=line, scala=scala)
+    if runtime_location is None:
+        return (
+            f"Iceberg's Spark runtime is not on the job's classpath: pass "
+            f"packages='org.apache.iceberg:{wanted}:<version>' (or its jar in jars) to the operator, "
+            "or configure it in the cluster's spark-defaults.conf"
+        )
+    found = _RUNTIME_IN_PATH.search(runtime_location)
+    if found is not None and (found[1], found[2]) != (line, scala):
+        return (
+            f"the job runs Spark {spark_version} (Scala {scala_version}) with Iceberg's runtime for Spark "
+            f"{found[1]} (Scala {found[2]}) from {runtime_location}: pass "
+            f"packages='org.apache.iceberg:{wanted}:<version>' instead"
+        )
+    return None
 
 
 def tag_name(end_lsn: Lsn) -> str:

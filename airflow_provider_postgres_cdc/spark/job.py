@@ -14,10 +14,11 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from airflow_provider_postgres_cdc.errors import PostgresCdcError
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.errors import IcebergRuntimeError, PostgresCdcError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, iceberg_runtime_problem
 from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
 
 JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
@@ -40,6 +41,7 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     checkpoints = _use_checkpoint_dir(spark)
     try:
+        check_iceberg_runtime(spark)
         config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix)
         for line in body(spark, config, args):
             print(json.dumps(line))
@@ -55,6 +57,25 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
             _delete(spark, checkpoints)
         if started_here:
             spark.stop()
+
+
+def check_iceberg_runtime(spark: SparkSession) -> None:
+    """Stop with :class:`IcebergRuntimeError`, naming the artifact to pass, unless the job's classpath
+    holds Iceberg's Spark runtime built for this Spark and Scala (a wrong one fails deep inside a
+    MERGE, with an ``AbstractMethodError`` or ``NoSuchMethodError``)."""
+    jvm: Any = spark._jvm
+    scala = str(jvm.scala.util.Properties.versionNumberString())
+    try:
+        runtime = jvm.org.apache.spark.util.Utils.classForName(
+            "org.apache.iceberg.spark.SparkCatalog", False, False
+        )
+        source = runtime.getProtectionDomain().getCodeSource()
+        location: str | None = str(source.getLocation()) if source is not None else ""
+    except Py4JJavaError:  # ClassNotFoundException
+        location = None
+    problem = iceberg_runtime_problem(spark.version, scala, location)
+    if problem is not None:
+        raise IcebergRuntimeError(problem)
 
 
 def _use_checkpoint_dir(spark: SparkSession) -> str | None:

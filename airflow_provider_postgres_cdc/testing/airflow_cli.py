@@ -8,6 +8,7 @@ past run), :meth:`AirflowSandbox.services` starts it (see :mod:`.airflow_service
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,9 @@ from airflow_provider_postgres_cdc.testing.airflow_services import AirflowServic
 __all__ = ["AirflowSandbox", "AssetEventRecord", "DagRunResult"]
 
 
+_ERROR_LINE = re.compile(r"error:|Caused by:|Exception:|Error:")
+
+
 @dataclass(frozen=True, slots=True)
 class DagRunResult:
     """What ``airflow dags test`` printed and how it exited."""
@@ -32,10 +36,14 @@ class DagRunResult:
     seconds: float
 
     def check(self) -> DagRunResult:
-        """Raise with the output's tail when the run failed."""
+        """Raise with the output's tail when the run failed, after the lines of the output that name an
+        error (a Spark job's own message is logged long before the task's traceback)."""
         if self.returncode != 0:
+            errors = [line for line in self.output.splitlines() if _ERROR_LINE.search(line)]
             raise RuntimeError(
-                f"airflow dags test {self.dag_id} exited {self.returncode}:\n{self.output[-6000:]}"
+                f"airflow dags test {self.dag_id} exited {self.returncode}:\n"
+                + "\n".join(errors[:40])[:6000]
+                + f"\n...\n{self.output[-6000:]}"
             )
         return self
 

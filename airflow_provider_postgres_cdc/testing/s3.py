@@ -145,7 +145,8 @@ class S3Server:
         args = [
             str(self.weed), "mini", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
             f"-bucket={','.join(self.buckets)}", "-s3.autoCreateBucket=false",
-            *([f"-tableBucket={','.join(self.table_buckets)}"] if self.table_buckets else []), "-webdav=false",
+            *([f"-tableBucket={','.join(self.table_buckets)}"] if self.table_buckets else []),
+            "-webdav=false",
             "-admin.ui=false", "-master.telemetry=false",
             f"-filer.localSocket={self.root / 'filer.sock'}", f"-s3.localSocket={self.root / 's3.sock'}",
             *(f"-{flag}={port}" for flag, port in ports.items()),

@@ -9,7 +9,7 @@ import pytest
 from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties, sqlalchemy_url
 from airflow_provider_postgres_cdc.errors import LakeCatalogError, LakeConfigError
 from airflow_provider_postgres_cdc.formats import lake
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, iceberg_runtime_problem, local_lake
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook, connection_json
 
@@ -156,3 +156,15 @@ def test_the_iceberg_provider_s_connection_is_a_lake(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("AIRFLOW_CONN_ICE", json.dumps(conn | {"extra": {"type": "sql", "uri": "sqlite://"}}))
     with pytest.raises(LakeConfigError, match="'ice': an iceberg connection's catalog type must be one of"):
         PostgresCdcLakeHook("ice").get_conn()
+
+
+def test_the_iceberg_runtime_must_match_spark_and_scala() -> None:
+    ivy = "file:/root/.ivy2/jars/org.apache.iceberg_iceberg-spark-runtime-3.5_2.12-1.10.1.jar"
+    assert iceberg_runtime_problem("3.5.9", "2.12.18", ivy) is None
+    assert iceberg_runtime_problem("3.5.9", "2.12.18", "file:/opt/jars/iceberg-renamed.jar") is None
+    wrong = iceberg_runtime_problem("4.1.1", "2.13.16", ivy)
+    assert wrong is not None and "runtime for Spark 3.5 (Scala 2.12)" in wrong
+    assert "packages='org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:<version>'" in wrong
+    missing = iceberg_runtime_problem("3.5.9", "2.12.18", None)
+    assert missing is not None and "not on the job's classpath" in missing
+    assert "iceberg-spark-runtime-3.5_2.12:<version>" in missing
