@@ -80,11 +80,28 @@ def open_catalog(config: LakeConfig) -> Any:
     except LakeCatalogError:
         raise
     except Exception as exc:
+        where = config.properties.get("uri", "(no uri)").split("?")[0]
         raise LakeCatalogError(
-            f"cannot open Iceberg catalog {config.catalog!r} with pyiceberg ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:300] if str(exc) else ''}): check the lake connection's properties"
+            f"cannot open Iceberg catalog {config.catalog!r} at {where} "
+            f"with pyiceberg ({type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}): "
+            "check that the catalog is up and the lake connection's URL, credentials and warehouse"
         ) from exc
     return catalog
+
+
+def check_catalog(config: LakeConfig, source: str) -> None:
+    """Raise :class:`LakeCatalogError`, naming ``source`` (the connection), unless the catalog answers.
+
+    A catalog pyiceberg has no client for (a Hadoop catalog) is Spark's alone: nothing to check.
+    """
+    try:
+        pyiceberg_properties(config)
+    except LakeCatalogError:
+        return
+    try:
+        open_catalog(config)
+    except LakeCatalogError as exc:
+        raise LakeCatalogError(f"{source}: {exc}") from None
 
 
 def load_table(catalog: Any, config: LakeConfig, schema: str, table: str) -> Any | None:

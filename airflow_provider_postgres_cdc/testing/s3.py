@@ -167,6 +167,8 @@ class S3Server:
                 raise RuntimeError(f"weed mini exited with {self._process.returncode}\n{self.log()}")
             with contextlib.suppress(OSError):
                 socket.create_connection((self.host, self.port), timeout=1).close()
+                if self.iceberg_port:
+                    socket.create_connection((self.host, self.iceberg_port), timeout=1).close()
                 infos = filesystem.get_file_info(list(self.buckets))
                 if all(info.type == pafs.FileType.Directory for info in infos):
                     return

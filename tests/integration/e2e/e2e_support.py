@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION
@@ -21,8 +23,10 @@ from airflow_provider_postgres_cdc.engine.lake_catalog import (
     owned_tables,
     table_state,
 )
+from airflow_provider_postgres_cdc.engine.object_store import S3Options
+from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState, local_lake
-from airflow_provider_postgres_cdc.formats.layout import table_dir_name
+from airflow_provider_postgres_cdc.formats.layout import is_part_file, parse_table_dir_name, table_dir_name
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, job_py_files, local_jars
 from airflow_provider_postgres_cdc.testing import AirflowSandbox
@@ -66,9 +70,10 @@ def pipeline_conf(
 
 
 def spark_submit_command(
-    manifest_uri: str, lake: LakeConfig, scratch: str, tables: str = ""
+    manifest_uri: str, lake: LakeConfig, scratch: str, tables: str = "", staging: S3Options | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """(arguments, environment) of the apply job as the operator submits it; py-files go to ``scratch``."""
+    """(arguments, environment) of the apply job as the operator submits it; py-files and the secrets'
+    properties file go to ``scratch``; ``staging`` is an ``s3://`` staging store's connection."""
     spark_submit = str(Path(sys.executable).with_name("spark-submit"))
     args = [
         spark_submit,
@@ -79,7 +84,12 @@ def spark_submit_command(
         "--jars",
         local_jars(),
     ]
-    for key, value in lake.spark_conf().items():
+    bucket = manifest_uri.split("://", 1)[1].split("/", 1)[0] if "://" in manifest_uri else ""
+    hadoop = staging.spark_hadoop_conf(bucket) if staging is not None else {}
+    conf, properties_file = submit_settings({**lake.spark_conf(), **hadoop}, scratch)
+    if properties_file:
+        args += ["--properties-file", properties_file]
+    for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     args += [APPLY_JOB_PATH, "--manifest", manifest_uri, "--catalog", lake.catalog]
     if tables:
@@ -88,10 +98,12 @@ def spark_submit_command(
     return args, env
 
 
-def spark_apply(manifest_uri: str, lake: LakeConfig, tables: str = "") -> None:
+def spark_apply(
+    manifest_uri: str, lake: LakeConfig, tables: str = "", staging: S3Options | None = None
+) -> None:
     """The apply job exactly as the operator submits it, optionally for some tables only."""
     with tempfile.TemporaryDirectory() as scratch:
-        args, env = spark_submit_command(manifest_uri, lake, scratch, tables)
+        args, env = spark_submit_command(manifest_uri, lake, scratch, tables, staging)
         result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
 
@@ -120,22 +132,89 @@ def assert_changelog_exactly_once(lake: LakeConfig, batch_dirs: Sequence[Path], 
     Whatever the crashes repeated (an apply re-run, a retried drain), the changelog holds each
     staged change once: as many rows as were staged, no ``(commit LSN, sequence)`` twice.
     """
-    catalog = open_catalog(lake)
-    total = 0
+    staged = {}
     for qualified in tables:
         schema, table = qualified.split(".")
-        staged = sum(
+        staged[qualified] = sum(
             pq.ParquetFile(part).metadata.num_rows
             for d in batch_dirs
             for part in (d / table_dir_name(schema, table)).glob("*.parquet")
         )
+    return assert_changelog_holds(lake, staged)
+
+
+def staged_changes(filesystem: pafs.FileSystem, slot_root: str) -> Counter[str]:
+    """The changes staged in every batch under ``slot_root`` (``bucket/prefix/<slot>``) of any store,
+    by ``schema.table``."""
+    counts: Counter[str] = Counter()
+    for info in filesystem.get_file_info(pafs.FileSelector(slot_root, recursive=True)):
+        parts = info.path[len(slot_root) :].strip("/").split("/")
+        if len(parts) == 3 and parts[0].startswith("batch-") and is_part_file(parts[2]):
+            with filesystem.open_input_file(info.path) as handle:
+                counts[".".join(parse_table_dir_name(parts[1]))] += pq.ParquetFile(handle).metadata.num_rows
+    return counts
+
+
+def assert_changelog_holds(lake: LakeConfig, staged: Mapping[str, int]) -> int:
+    """Each table's changelog holds exactly its ``staged`` count of changes, none twice; returns the total."""
+    catalog = open_catalog(lake)
+    total = 0
+    for qualified, count in staged.items():
+        schema, table = qualified.split(".", 1)
         changelog = (
             catalog.load_table(lake.changelog_identifier(schema, table))
             .scan(selected_fields=("_pgl_commit_lsn", "_pgl_seq"))
             .to_arrow()
         )
-        assert changelog.num_rows == staged, qualified
+        assert changelog.num_rows == count, qualified
         counts = Counter(zip(*changelog.to_pydict().values(), strict=True))
         assert max(counts.values(), default=1) == 1, qualified
-        total += staged
+        total += count
     return total
+
+
+class CommandLineWatch:
+    """Samples every process's command line (``/proc/<pid>/cmdline``) while the ``with`` block runs.
+
+    ``leaks`` are the command lines that held one of ``secrets``; ``spark_submits`` counts the
+    samples of a running spark-submit, so a test can tell it watched while the jobs ran.
+    """
+
+    def __init__(self, secrets: Sequence[str], interval: float = 0.05) -> None:
+        self.secrets = [secret.encode() for secret in secrets if secret]
+        self.interval = interval
+        self.leaks: list[str] = []
+        self.spark_submits = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> CommandLineWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    text = cmdline.read_bytes()
+                except OSError:  # the process ended meanwhile
+                    continue
+                if b"org.apache.spark.deploy.SparkSubmit" in text:
+                    self.spark_submits += 1
+                if any(secret in text for secret in self.secrets):
+                    self.leaks.append(text.replace(b"\0", b" ").decode(errors="replace")[:300])
+
+
+def objects_containing(filesystem: pafs.FileSystem, bucket: str, secret: bytes) -> list[str]:
+    """Every object of ``bucket`` holding ``secret`` (staged Parquet, manifests, Iceberg metadata)."""
+    found = []
+    for info in filesystem.get_file_info(pafs.FileSelector(bucket, recursive=True)):
+        if info.type == pafs.FileType.File:
+            with filesystem.open_input_stream(info.path) as handle:
+                if secret in handle.read():
+                    found.append(info.path)
+    return found

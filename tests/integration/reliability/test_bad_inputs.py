@@ -137,8 +137,17 @@ CATALOGUE: tuple[BadInput, ...] = (
         "the lake connection points at a catalog that cannot be opened",
         "ack",
         "LakeCatalogError",
-        ("cannot open Iceberg catalog", "check the lake connection's properties"),
+        ("cannot open Iceberg catalog", "check that the catalog is up and the lake connection's URL"),
         "Correct the lake connection (catalog type, URI, warehouse, credentials); the slot stays put.",
+    ),
+    BadInput(
+        "refused-catalog",
+        "the REST catalog refuses the lake connection's client id and secret, or is down",
+        "apply, ack",
+        "LakeCatalogError",
+        ("lake connection 'catalogue_rest'", "cannot open Iceberg catalog", "URL, credentials"),
+        "Correct the connection's login and password (OAuth2 client id and secret) or its host; the "
+        "slot stays put, run the task again.",
     ),
     BadInput(
         "foreign-manifest",
@@ -383,6 +392,26 @@ def unreachable_catalog(env: Env) -> Outcome:
     return _lake_ack(env, "cdc", batch.manifest_uri, env.tmp / "no" / "such" / "lake")
 
 
+def refused_catalog(env: Env) -> Outcome:
+    """A batch whose apply meets a REST catalog that refuses the connection's client secret."""
+    import json
+
+    from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+    from airflow_provider_postgres_cdc.testing.s3 import S3Server
+
+    _published(env)
+    env.slot("cdc")
+    env.sql("INSERT INTO t SELECT g, g FROM generate_series(1, 10) g")
+    batch = env.drain()
+    with S3Server(buckets=(), table_buckets=["warehouse"]) as s3:
+        connection = json.loads(s3.iceberg_connection_json("warehouse")) | {"password": "not-the-secret"}
+        env.monkeypatch.setenv("AIRFLOW_CONN_CATALOGUE_REST", json.dumps(connection))
+        apply = PostgresCdcSparkApplyOperator(
+            task_id="apply", manifest=batch.manifest_uri, lake_conn_id="catalogue_rest"
+        )
+        return raised(lambda: apply.execute({}))  # type: ignore[arg-type]
+
+
 def foreign_manifest(env: Env) -> Outcome:
     _published(env)
     env.slot("cdc", "cdc_other")
@@ -555,6 +584,7 @@ RUNS: dict[str, Callable[[Env], Outcome]] = {
     "unwritable-staging": unwritable_staging,
     "refused-staging": refused_staging,
     "unreachable-catalog": unreachable_catalog,
+    "refused-catalog": refused_catalog,
     "foreign-manifest": foreign_manifest,
     "incompatible-schema": incompatible_schema,
     "malformed-pgoutput": malformed_pgoutput,

@@ -3,13 +3,17 @@
 The role has only ``LOGIN REPLICATION`` and ``SELECT`` on the published tables: no superuser,
 no ownership, no ``CREATE`` on the database. It runs the initial
 snapshot, the CDC DAG (lag sensor, drain, apply, ack) and a re-snapshot of one table through real
-``airflow dags test``, and the lake must end equal to the source. Its password must then appear
-nowhere: not in the DAG runs' output, the task logs, the Airflow metadata database (XCom), the
-staged manifests and files, the lake's catalog and metadata, nor in the CLI's output and errors.
+``airflow dags test``, and the lake must end equal to the source. The lake is a JDBC catalog in
+PostgreSQL behind a role of its own with a password, and staging is on an S3 server with a secret
+key. None of the three secrets may appear on any process's command line while the jobs run (spark
+-submit's included), nor in the DAG runs' output, the task logs, the Airflow metadata database
+(XCom), the staged manifests and files, the lake's catalog and metadata, nor in the CLI's output
+and errors.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import sys
@@ -22,11 +26,18 @@ from psycopg2 import sql
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, ShopWorkload
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
 from airflow_provider_postgres_cdc.errors import PrivilegeError
-from airflow_provider_postgres_cdc.formats.lake import local_lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.replication.publications import TableSpec, publish_tables
 from airflow_provider_postgres_cdc.testing import PostgresCluster
-from tests.integration.e2e.e2e_support import DAGS, pipeline_conf, pipeline_sandbox
+from airflow_provider_postgres_cdc.testing.s3 import S3Server
+from tests.integration.e2e.e2e_support import (
+    DAGS,
+    CommandLineWatch,
+    objects_containing,
+    pipeline_conf,
+    pipeline_sandbox,
+)
 
 SLOT = "lp_cdc"
 # A re-snapshot through the Spark JDBC copy engine: the one path that hands the password to Spark.
@@ -38,7 +49,7 @@ with DAG("lp_spark_resnapshot", schedule=None):
     PostgresCdcSnapshotOperator(
         task_id="copy", slot_name="{slot}", publications="{publication}", staging="{staging}",
         tables=["public.orders"], slot_mode="temporary", copy_engine="spark",
-        postgres_conn_id="shop", spark_conn_id="spark_local",
+        postgres_conn_id="shop", spark_conn_id="spark_local", staging_conn_id="staging_store",
     )
 """
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
@@ -73,14 +84,26 @@ def assert_least_privilege(cluster: PostgresCluster, dbname: str, role: str) -> 
     assert checks == [(False, False, False, True, False, 0)]
 
 
+def create_catalog_database(cluster: PostgresCluster, role: str, password: str) -> str:
+    """A database for a JDBC Iceberg catalog, owned by ``role``, reachable by password only."""
+    cluster.execute(
+        sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password))
+    )
+    cluster.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
+    hba = cluster.datadir / "pg_hba.conf"
+    hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    cluster.execute("SELECT pg_reload_conf()")
+    return f"jdbc:postgresql://127.0.0.1:{cluster.port}/{role}"
+
+
 def files_containing(root: Path, secret: bytes) -> list[str]:
     """Every file below ``root`` whose bytes hold ``secret`` (logs, databases, Parquet, metadata)."""
     return [str(p) for p in root.rglob("*") if p.is_file() and secret in p.read_bytes()]
 
 
 @pytest.mark.timeout(1800)
-def test_replication_role_runs_everything_and_its_password_leaks_nowhere(
-    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+def test_replication_role_runs_everything_and_no_secret_leaks(
+    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
     shop = ShopWorkload(dsn, seed=5)
@@ -92,9 +115,15 @@ def test_replication_role_runs_everything_and_its_password_leaks_nowhere(
     assert_least_privilege(pg_cluster, pg_dbname, role)
 
     uri = f"postgresql://{role}:{password}@{pg_cluster.host}:{pg_cluster.port}/{pg_dbname}"
+    catalog_role, catalog_password = f"pgl_catalog_{secrets.token_hex(4)}", "cat-" + secrets.token_urlsafe(18)
+    catalog_uri = create_catalog_database(pg_cluster, catalog_role, catalog_password)
     (tmp_path / "lake").mkdir()
-    lake = local_lake(str(tmp_path / "lake"))
-    staging = tmp_path / "staging"
+    lake = LakeConfig("lake", {"type": "jdbc", "uri": catalog_uri, "warehouse": str(tmp_path / "lake")})
+    lake_conn = json.loads(connection_json(lake)) | {"login": catalog_role, "password": catalog_password}
+    s3 = S3Server(buckets=["staging"])
+    s3.start()
+    request.addfinalizer(s3.stop)
+    staging = "s3://staging/lp"
     dags = tmp_path / "dags"
     dags.mkdir()
     for example in DAGS.glob("*.py"):
@@ -102,20 +131,29 @@ def test_replication_role_runs_everything_and_its_password_leaks_nowhere(
     (dags / "lp_spark_resnapshot.py").write_text(
         SPARK_SNAPSHOT_DAG.format(slot=SLOT, publication=PUBLICATION, staging=staging)
     )
-    sandbox = pipeline_sandbox(tmp_path / "airflow", uri, connection_json(lake), dags=dags)
-    conf = pipeline_conf(SLOT, staging)
-    outputs = [sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check().output]
-    shop.step()
-    outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
-    shop.step()
-    outputs.append(
-        sandbox.dags_test("postgres_cdc_backfill_tables", {**conf, "tables": ["public.orders"]})
-        .check()
-        .output
-    )
-    outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
-    outputs.append(sandbox.dags_test("lp_spark_resnapshot").check().output)
+    sandbox = pipeline_sandbox(
+        tmp_path / "airflow", uri, json.dumps(lake_conn), dags=dags,
+        connections={"staging_store": s3.connection_json()},
+    )  # fmt: skip
+    conf = {**pipeline_conf(SLOT, staging), "staging_conn_id": "staging_store"}
+    all_secrets = (password, catalog_password, s3.secret_key)
+    with CommandLineWatch(all_secrets) as watch:
+        outputs = [sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check().output]
+        shop.step()
+        outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
+        shop.step()
+        outputs.append(
+            sandbox.dags_test("postgres_cdc_backfill_tables", {**conf, "tables": ["public.orders"]})
+            .check()
+            .output
+        )
+        outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
+        outputs.append(sandbox.dags_test("lp_spark_resnapshot").check().output)
+    assert watch.spark_submits > 0 and watch.leaks == []
 
+    lake = LakeConfig(
+        lake.catalog, {**lake.properties, "jdbc.user": catalog_role, "jdbc.password": catalog_password}
+    )
     results = compare_tables(pg_cluster.dsn(pg_dbname), [PUBLICATION], lake)
     assert all(r.equal for r in results), format_report(results)
 
@@ -135,8 +173,10 @@ def test_replication_role_runs_everything_and_its_password_leaks_nowhere(
         assert run.stdout or run.stderr, args
         outputs.append(run.stdout + run.stderr)
 
-    assert not [i for i, text in enumerate(outputs) if password in text]
-    assert files_containing(tmp_path, password.encode()) == []
+    for secret in all_secrets:
+        assert not [i for i, text in enumerate(outputs) if secret in text]
+        assert files_containing(tmp_path, secret.encode()) == []
+        assert objects_containing(s3.filesystem(), "staging", secret.encode()) == []
 
 
 @pytest.mark.integration

@@ -432,3 +432,21 @@ def test_spark_submit_applies_a_batch_end_to_end(lake: Lake) -> None:
     assert lake.rows(ORDERS) == lake.expected(ORDERS)
     assert lake.state(ORDERS).applied_end_lsn == Lsn(b + 300)
     assert lake.rows(ORDERS, tag=tag_name(Lsn(b + 300))) == lake.expected(ORDERS)
+
+
+def test_a_job_without_iceberg_s_runtime_names_the_artifact_to_pass(lake: Lake) -> None:
+    manifest = lake.stage(SNAP_LSN, SNAP_LSN + 100, [(ORDERS, [[ins(SNAP_LSN + 10, 0, **_row(1))]])])
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYSPARK_PYTHON": sys.executable}
+    drivers = ",".join(jar for jar in local_jars().split(",") if "iceberg" not in Path(jar).name)
+    with tempfile.TemporaryDirectory() as zipdir:
+        command = [
+            f"{bin_dir}/spark-submit", "--master", "local[1]", "--conf", "spark.ui.enabled=false",
+            "--py-files", job_py_files(zipdir), "--jars", drivers,
+            APPLY_JOB_PATH, "--manifest", manifest, "--catalog", lake.config.catalog,
+        ]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    assert "Iceberg's Spark runtime is not on the job's classpath" in output
+    assert "packages='org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:<version>'" in output
