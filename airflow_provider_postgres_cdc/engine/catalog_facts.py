@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import posixpath
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,10 +105,10 @@ def record_catalog_facts(
         missing_file = None
         if row is not None:
             writer = PartFileWriter(
-                location, location.path(batch_dir, spec.path), row.schema, prefix=MISSING_VALUES_PREFIX
+                location, posixpath.join(batch_dir, spec.path), row.schema, prefix=MISSING_VALUES_PREFIX
             )
             writer.write_all(row.to_batches())
             writer.close()
-            missing_file = writer.files[0][len(location.path(batch_dir)) + 1 :]
+            missing_file = writer.files[0][len(batch_dir.rstrip("/")) + 1 :]
         out.append(dataclasses.replace(spec, catalog=CatalogFacts(facts, missing_file)))
     return out

@@ -68,7 +68,11 @@ class StagingLocation:
         return str(self.filesystem.type_name) == "local"
 
     def path(self, *parts: str) -> str:
-        """A path inside the root (``parts`` are single names, e.g. slot, batch id, table dir)."""
+        """A path inside the root (``parts`` are single names, e.g. slot, batch id, table dir).
+
+        Not for a path this location made already (a batch directory): joining the root again
+        doubles an object store's relative root (``bucket/prefix/bucket/prefix/...``).
+        """
         return posixpath.join(self.root, *parts)
 
     def uri_of(self, path: str, *, hadoop: bool = False) -> str:

@@ -6,6 +6,7 @@ each part file holds one relation version; the manifest records every version wi
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 
 from airflow_provider_postgres_cdc.engine.staging import PartFileWriter, StagingLocation
@@ -63,7 +64,9 @@ class BatchStager:
         if out is None:
             out = self.tables[key] = _TableOutput(relation.namespace, relation.name, relation)
         if not out.shapes or not out.shapes[-1].same_shape(relation):
-            directory = self.location.path(self.batch_dir, table_dir_name(*key))
+            # batch_dir is inside the staging root already (joining the root again would double a
+            # relative object-store root: bucket/prefix/bucket/prefix/...).
+            directory = posixpath.join(self.batch_dir, table_dir_name(*key))
             prefix = change_part_prefix(len(out.shapes))
             schema = changes.batches[0].schema if changes.batches else changes.to_table().schema
             out.writers.append(PartFileWriter(self.location, directory, schema, prefix=prefix))
@@ -105,7 +108,7 @@ def _table_manifest(out: _TableOutput, location: StagingLocation, batch_dir: str
     staged = [name for writer in out.writers for name in writer.fields]
     for sibling in overflow.sibling_manifests(list(columns), staged):
         columns.setdefault(sibling.name, sibling)
-    prefix = location.path(batch_dir) + "/"
+    prefix = batch_dir.rstrip("/") + "/"
     files = tuple(path[len(prefix) :] for writer in out.writers for path in writer.files)
     versions = tuple(
         RelationVersion(

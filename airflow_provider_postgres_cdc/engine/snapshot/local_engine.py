@@ -212,7 +212,7 @@ class LocalCopy:
         plan = task.plan
         writer = PartFileWriter(
             self.location,
-            self.location.path(self.batch_dir, plan.dir_name),
+            posixpath.join(self.batch_dir, plan.dir_name),
             plan.arrow_schema,
             prefix=snapshot_part_prefix(task.index),
             max_file_bytes=self.max_file_bytes,

@@ -130,7 +130,7 @@ def spark_job_spec(
         tables.append(
             {
                 "name": plan.qualified,
-                "output": location.uri_of(location.path(batch_dir, plan.dir_name), hadoop=True),
+                "output": location.uri_of(posixpath.join(batch_dir, plan.dir_name), hadoop=True),
                 "queries": [
                     plan.select(block_range, as_text=True).as_string(catalog)
                     for block_range in plan.block_ranges
@@ -156,7 +156,7 @@ def collect_staged(location: StagingLocation, batch_dir: str, plans: Sequence[Ta
     """
     copies = []
     for plan in plans:
-        directory = location.path(batch_dir, plan.dir_name)
+        directory = posixpath.join(batch_dir, plan.dir_name)
         files, rows, size, fields = [], 0, 0, set()
         for path in location.list_files(directory):
             name = posixpath.basename(path)

@@ -84,6 +84,13 @@ def test_pipeline_steps_stage_on_s3_and_keep_the_secret(
     parts = [p for p in _objects(s3_server, staging.removeprefix("s3://")) if p.endswith(".parquet")]
     staged = sum(pq.ParquetFile(p, filesystem=s3_server.filesystem()).metadata.num_rows for p in parts)
     assert staged == 500 + 20
+    # Each manifest names its files relative to its own directory: they are there, nowhere else.
+    for uri, staged_manifest in ((snapshot["manifest"], manifest), (drained["manifest"], batch)):
+        base = uri.removeprefix("s3://").rsplit("/", 1)[0]
+        files = [f"{base}/{name}" for table in staged_manifest.tables for name in table.files]
+        infos = s3_server.filesystem().get_file_info(files)
+        assert files and all(info.type == pafs.FileType.File for info in infos), files
+    assert len(parts) == len(manifest.tables[0].files) + len(batch.tables[0].files)
 
     # A retried drain reuses the complete batch on the store instead of staging it again.
     again = drain_batch(
