@@ -13,10 +13,12 @@ Two schemes, registered by the provider (``get_provider_info``'s ``asset-uris``)
 
 Every part is percent-encoded on its own (UTF-8, nothing kept but unreserved characters), so any
 name a catalog or PostgreSQL accepts (spaces, dots, ``%``, ``/``, non-ASCII) gives a valid ASCII URI,
-distinct from every other name's. The same parts name the OpenLineage datasets
-(:func:`openlineage_dataset`): namespace ``iceberg://<catalog>``, name ``<namespace>.<table>``; the
-lake namespace never holds a raw dot (``LakeConfig.namespace`` encodes it), so the first dot
-separates the two.
+distinct from every other name's. The same parts give the OpenLineage dataset the provider's Asset
+converter names an Asset by (:func:`openlineage_dataset`, from the URI alone): namespace
+``iceberg://<catalog>``, name ``<namespace>.<table>``; the lake namespace never holds a raw dot
+(``LakeConfig.namespace`` encodes it), so the first dot separates the two. The pipeline's own
+lineage names a lake table by its location instead, as OpenLineage's Spark integration does, and
+links this name to it as a symlink (``lineage/naming.py``).
 
 Standard library only (like the rest of ``formats/``).
 """

@@ -5,9 +5,11 @@ Names follow the OpenLineage naming spec, so lineage from other producers joins 
 * a source table is namespace ``postgres://{host}:{port}`` (the source connection's host and port,
   5432 when unset) and name ``{database}.{schema}.{table}``, names as PostgreSQL spells them (the
   postgres provider's SQL lineage names them so too);
-* a lake table is what :func:`formats.assets.openlineage_dataset` makes of its Asset URI:
-  namespace ``iceberg://<catalog>``, name ``<lake namespace>.<table>``; its changelog table
-  (``<table>__pgl_changelog``) likewise;
+* a lake table (and its changelog table ``<table>__pgl_changelog``) is named as OpenLineage's
+  Spark integration names an Iceberg table a Spark job reads (:mod:`.naming`): by its location
+  (``s3://<bucket>`` and the key, ``file`` and the path), read from its Iceberg metadata, with a
+  ``symlinks`` facet holding the catalog's names for it; a table not created yet (the first
+  load's START) is placed where Spark's integration places it, ``<warehouse>/<namespace>/<table>``;
 * a pipeline's consistent cut (the ack's output) is ``postgres-cdc://<catalog>``, name ``<slot>``.
 
 Staging is not a dataset. A staged batch is a transient directory per batch (deleted by the
@@ -24,12 +26,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_postgres_cdc.formats import lake as lake_format
-from airflow_provider_postgres_cdc.formats.assets import CutRef, LakeTableRef, openlineage_dataset
+from airflow_provider_postgres_cdc.formats.assets import CutRef, openlineage_dataset
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling, sibling_name
+from airflow_provider_postgres_cdc.lineage import naming
 from airflow_provider_postgres_cdc.lineage.facets import BATCH_FACET, PUBLICATION_FACET, facet_types
 
 log = logging.getLogger(__name__)
@@ -47,14 +51,6 @@ def postgres_namespace(params: Mapping[str, Any]) -> str:
 
 def postgres_name(database: str, schema: str, table: str) -> str:
     return f"{database}.{schema}.{table}"
-
-
-def lake_dataset_name(
-    lake: LakeConfig, schema: str, table: str, *, changelog: bool = False
-) -> tuple[str, str]:
-    """(namespace, name) of the lake table (or its changelog) mirroring the source ``schema.table``."""
-    ident = lake.changelog_identifier(schema, table) if changelog else lake.identifier(schema, table)
-    return openlineage_dataset(LakeTableRef(lake.catalog, *ident).uri)
 
 
 def cut_dataset_name(catalog: str, slot: str) -> tuple[str, str]:
@@ -160,11 +156,21 @@ def column_lineage(
     return ColumnLineageDatasetFacet(fields=lineage)
 
 
-def lake_fields(lake: LakeConfig, identifiers: Iterable[tuple[str, str]]) -> dict[tuple[str, str], Fields]:
-    """The Iceberg columns (name, Iceberg type) of lake tables that exist, read with pyiceberg.
+@dataclass(frozen=True, slots=True)
+class LakeTable:
+    """What lineage reads of a lake table that exists: its Iceberg columns and its location."""
 
-    Empty when the catalog cannot be read (lineage then falls back to the staged columns): lineage
-    must never make a task wait on, or fail with, the catalog.
+    fields: Fields
+    location: str
+
+
+def read_lake_tables(
+    lake: LakeConfig, identifiers: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], LakeTable]:
+    """The lake tables among ``identifiers`` that exist, read with pyiceberg (columns as Iceberg types).
+
+    Empty when the catalog cannot be read (lineage then falls back to the staged columns and the
+    warehouse's default locations): lineage must never make a task wait on, or fail with, the catalog.
     """
     from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog
 
@@ -175,14 +181,41 @@ def lake_fields(lake: LakeConfig, identifiers: Iterable[tuple[str, str]]) -> dic
             "OpenLineage: lake catalog %s not readable (%s); schemas from the manifest", lake.catalog, exc
         )
         return {}
-    found: dict[tuple[str, str], Fields] = {}
+    found: dict[tuple[str, str], LakeTable] = {}
     for ident in identifiers:
         try:
             table = catalog.load_table(ident)
         except Exception:  # not created yet (a first load's START), or gone
             continue
-        found[ident] = [(f.name, str(f.field_type)) for f in table.schema().fields]
+        found[ident] = lake_table(table)
     return found
+
+
+def lake_table(table: Any) -> LakeTable:
+    """A pyiceberg table's columns and location."""
+    return LakeTable([(f.name, str(f.field_type)) for f in table.schema().fields], table.location())
+
+
+def lake_dataset(
+    kind: Any,
+    lake: LakeConfig,
+    ident: tuple[str, str],
+    table: LakeTable | None,
+    facets: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> Any | None:
+    """A lake table as dataset class ``kind`` (``InputDataset``, ``OutputDataset``), named as
+    :mod:`.naming` says, with its ``symlinks`` facet; None when it has no name (no location, no warehouse)."""
+    from airflow.providers.common.compat.openlineage.facet import Identifier, SymlinksDatasetFacet
+
+    name = naming.lake_dataset_name(lake, *ident, table.location if table is not None else None)
+    if name is None:
+        log.info("OpenLineage: %s.%s has no location yet and the catalog no warehouse: left out", *ident)
+        return None
+    symlinks = SymlinksDatasetFacet(
+        identifiers=[Identifier(s.namespace, s.name, naming.SYMLINK_TYPE) for s in name.symlinks]
+    )
+    return kind(name.namespace, name.name, facets={"symlinks": symlinks, **(facets or {})}, **extra)
 
 
 def output_datasets(
@@ -212,10 +245,11 @@ def output_datasets(
         else lake.identifier(entry.schema, entry.table)
         for entry, changelog in wanted
     ]
-    known = lake_fields(lake, identifiers)
+    known = read_lake_tables(lake, identifiers)
     outputs = []
-    for (entry, changelog), ident in zip(wanted, identifiers, strict=True):
-        fields = known.get(ident) or [(c.name, c.arrow_type) for c in entry.columns]
+    for (entry, _), ident in zip(wanted, identifiers, strict=True):
+        table = known.get(ident)
+        fields = table.fields if table is not None else [(c.name, c.arrow_type) for c in entry.columns]
         facets: dict[str, Any] = {"schema": schema_facet(fields)}
         if source_namespace is not None:
             source = postgres_name(manifest.database, entry.schema, entry.table)
@@ -225,8 +259,7 @@ def output_datasets(
         output_facets: dict[str, Any] = {}
         if statistics:
             output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=entry.rows)
-        namespace, name = lake_dataset_name(lake, entry.schema, entry.table, changelog=changelog)
-        outputs.append(
-            OutputDataset(namespace=namespace, name=name, facets=facets, outputFacets=output_facets)
-        )
+        dataset = lake_dataset(OutputDataset, lake, ident, table, facets, outputFacets=output_facets)
+        if dataset is not None:
+            outputs.append(dataset)
     return outputs

@@ -28,7 +28,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.staging import read_manifest
-from airflow_provider_postgres_cdc.formats.assets import LakeTableRef, openlineage_dataset
 from airflow_provider_postgres_cdc.formats.lake import CHANGELOG_SUFFIX, LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
@@ -170,12 +169,11 @@ def ack_lineage(operator: Any) -> Any:
     if not manifest.tables:
         return _lineage(run_facets=run_facets)
     lake = _lake(operator)
-    inputs = [
-        InputDataset(*datasets.lake_dataset_name(lake, entry.schema, entry.table))
-        for entry in manifest.tables
-    ]
+    identifiers = [lake.identifier(entry.schema, entry.table) for entry in manifest.tables]
+    known = datasets.read_lake_tables(lake, identifiers)
+    inputs = [datasets.lake_dataset(InputDataset, lake, ident, known.get(ident)) for ident in identifiers]
     outputs = [OutputDataset(*datasets.cut_dataset_name(lake.catalog, manifest.slot))]
-    return _lineage(inputs=inputs, outputs=outputs, run_facets=run_facets)
+    return _lineage(inputs=[d for d in inputs if d is not None], outputs=outputs, run_facets=run_facets)
 
 
 @guarded
@@ -187,20 +185,18 @@ def maintenance_lineage(operator: Any) -> Any:
 
     lake = _lake(operator)
     catalog = open_catalog(lake)
-    found: list[tuple[tuple[str, str], datasets.Fields]] = []
+    found: list[tuple[tuple[str, str], datasets.LakeTable]] = []
     for table in owned_tables(catalog, lake, str(operator.slot_name)):
         namespace, name = table.name()[-2:]
-        found.append(((namespace, name), [(f.name, str(f.field_type)) for f in table.schema().fields]))
+        found.append(((namespace, name), datasets.lake_table(table)))
         changelog = (namespace, name + CHANGELOG_SUFFIX)
         if catalog.table_exists(changelog):
-            fields = [(f.name, str(f.field_type)) for f in catalog.load_table(changelog).schema().fields]
-            found.append((changelog, fields))
+            found.append((changelog, datasets.lake_table(catalog.load_table(changelog))))
     inputs, outputs = [], []
-    for ident, fields in found:
-        namespace, name = openlineage_dataset(LakeTableRef(lake.catalog, *ident).uri)
-        facets = {"schema": datasets.schema_facet(fields)}
-        inputs.append(InputDataset(namespace, name, facets=facets))
-        outputs.append(OutputDataset(namespace, name, facets=facets))
+    for ident, table in found:
+        facets = {"schema": datasets.schema_facet(table.fields)}
+        inputs.append(datasets.lake_dataset(InputDataset, lake, ident, table, facets))
+        outputs.append(datasets.lake_dataset(OutputDataset, lake, ident, table, facets))
     return _lineage(inputs=inputs, outputs=outputs)
 
 

@@ -65,6 +65,10 @@ class Runs:
         (event,) = self.task_events(job, kind)
         return event
 
+    def lake_table(self, schema: str, table: str, suffix: str = "") -> tuple[str, str]:
+        """A lake table's dataset: its location, where Spark's JDBC catalog puts it in the warehouse."""
+        return "file", f"{self.lake.properties['warehouse']}/{self.lake.namespace(schema)}/{table}{suffix}"
+
 
 @pytest.fixture(scope="module")
 def pg_cluster(pg_default_cluster: PostgresCluster) -> PostgresCluster:
@@ -127,6 +131,10 @@ def by_name(datasets: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, A
     return {(d["namespace"], d["name"]): d for d in datasets}
 
 
+def symlinks(dataset: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return [(s["namespace"], s["name"], s["type"]) for s in dataset["facets"]["symlinks"]["identifiers"]]
+
+
 def fields(dataset: dict[str, Any]) -> dict[str, str]:
     return {f["name"]: f["type"] for f in dataset["facets"]["schema"]["fields"]}
 
@@ -177,11 +185,14 @@ def test_snapshot_reads_the_published_tables_with_their_filter_and_column_list(r
 def test_load_writes_the_lake_tables_with_column_lineage_and_rows(runs: Runs) -> None:
     start = runs.one("postgres_cdc_initial_snapshot.postgres_cdc_snapshot.load", "START")
     event = runs.one("postgres_cdc_initial_snapshot.postgres_cdc_snapshot.load", "COMPLETE")
-    lake_table = ("iceberg://lake", f"{runs.lake.namespace(SCHEMA)}.{TABLE}")
-    assert lake_table == ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü")
+    lake_table, customers = runs.lake_table(SCHEMA, TABLE), runs.lake_table("public", "customers")
+    assert lake_table[1].endswith("/lake/warehouse/Sales%2EEU/v1.2 orders%ü")
     outputs = by_name(event["outputs"])
-    assert set(outputs) == {lake_table, ("iceberg://lake", "public.customers")}  # no changelog for a load
+    assert set(outputs) == {lake_table, customers}  # no changelog for a load
+    # START, before the tables exist, names them where Spark's integration would: where they then are
     assert set(by_name(start["outputs"])) == set(outputs)
+    # a JDBC catalog has no Spark symlink (its jdbc: URI has no host): the catalog's own name only
+    assert symlinks(outputs[lake_table]) == [("iceberg://lake", "Sales%2EEU.v1.2 orders%ü", "TABLE")]
     source = f"{runs.database}.{SCHEMA}.{TABLE}"
     assert set(by_name(event["inputs"])) == {
         (runs.source_namespace, source),
@@ -195,7 +206,7 @@ def test_load_writes_the_lake_tables_with_column_lineage_and_rows(runs: Runs) ->
     (origin,) = lineage["qty €"]["inputFields"]
     assert (origin["namespace"], origin["name"], origin["field"]) == (runs.source_namespace, source, "qty €")
     assert origin["transformations"][0]["subtype"] == "IDENTITY"
-    assert outputs["iceberg://lake", "public.customers"]["outputFacets"]["outputStatistics"]["rowCount"] == 5
+    assert outputs[customers]["outputFacets"]["outputStatistics"]["rowCount"] == 5
 
 
 def test_cdc_run_carries_the_lsn_window_and_the_cut(runs: Runs) -> None:
@@ -214,22 +225,18 @@ def test_cdc_run_carries_the_lsn_window_and_the_cut(runs: Runs) -> None:
         f"{runs.database}.public.customers",
     }
     outputs = by_name(apply["outputs"])
-    hostile = runs.lake.namespace(SCHEMA)
+    hostile, customers = runs.lake_table(SCHEMA, TABLE), runs.lake_table("public", "customers")
+    changelog_name = runs.lake_table("public", "customers", "__pgl_changelog")
     assert set(outputs) == {
-        ("iceberg://lake", f"{hostile}.{TABLE}"),
-        ("iceberg://lake", f"{hostile}.{TABLE}__pgl_changelog"),
-        ("iceberg://lake", "public.customers"),
-        ("iceberg://lake", "public.customers__pgl_changelog"),
-    }
-    stats = {name: d["outputFacets"]["outputStatistics"]["rowCount"] for (_, name), d in outputs.items()}
-    assert stats[f"{hostile}.{TABLE}"] == 1 and stats["public.customers"] == 2
-    changelog = outputs["iceberg://lake", "public.customers__pgl_changelog"]
+        hostile, runs.lake_table(SCHEMA, TABLE, "__pgl_changelog"), customers, changelog_name,
+    }  # fmt: skip
+    stats = {key: d["outputFacets"]["outputStatistics"]["rowCount"] for key, d in outputs.items()}
+    assert stats[hostile] == 1 and stats[customers] == 2
+    changelog = outputs[changelog_name]
+    assert symlinks(changelog) == [("iceberg://lake", "public.customers__pgl_changelog", "TABLE")]
     assert {"id", "name", "amount"} <= set(changelog["facets"]["columnLineage"]["fields"])
     assert set(fields(changelog)) - set(changelog["facets"]["columnLineage"]["fields"])  # its own columns
-    assert set(by_name(ack["inputs"])) == {
-        ("iceberg://lake", f"{hostile}.{TABLE}"),
-        ("iceberg://lake", "public.customers"),
-    }
+    assert set(by_name(ack["inputs"])) == {hostile, customers}
     assert [(d["namespace"], d["name"]) for d in ack["outputs"]] == [("postgres-cdc://lake", SLOT)]
 
 

@@ -77,18 +77,24 @@ def assert_valid(facet: Any, name: str) -> dict[str, Any]:
 def test_apply_start_names_the_lake_tables_of_hostile_names_distinctly(
     lake_conn: str, tmp_path: Path
 ) -> None:
+    """No table exists yet: each is named where Spark's OpenLineage integration would place it."""
     path = write_manifest(tmp_path, (HOSTILE, PLAIN))
     lineage = PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=path, lake_conn_id=lake_conn
     ).get_openlineage_facets_on_start()
     assert lineage.inputs == []  # the source connection is rendered from the upstream task at COMPLETE
+    warehouse = f"{tmp_path}/lake/warehouse"
     assert names(lineage.outputs) == [
-        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü"),
-        ("iceberg://lake", "Sales.EU.v1.2 orders%ü"),
-        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü__pgl_changelog"),
-        ("iceberg://lake", "Sales.EU.v1.2 orders%ü__pgl_changelog"),
+        ("file", f"{warehouse}/Sales%2EEU/v1.2 orders%ü"),
+        ("file", f"{warehouse}/Sales/EU.v1.2 orders%ü"),
+        ("file", f"{warehouse}/Sales%2EEU/v1.2 orders%ü__pgl_changelog"),
+        ("file", f"{warehouse}/Sales/EU.v1.2 orders%ü__pgl_changelog"),
     ]
     first = lineage.outputs[0]
+    # A JDBC catalog has no Spark symlink (its jdbc: URI has no host); the catalog's own name remains.
+    assert Serde.to_dict(first.facets["symlinks"])["identifiers"] == [
+        {"namespace": "iceberg://lake", "name": "Sales%2EEU.v1.2 orders%ü", "type": "TABLE"}
+    ]
     assert [(f.name, f.type) for f in first.facets["schema"].fields] == [("id", "int32"), ("qty €", "int32")]
     assert "columnLineage" not in first.facets and not first.outputFacets  # no statistics before the run
     batch = assert_valid(lineage.run_facets["postgresCdcBatch"], "PostgresCdcBatchRunFacet")
@@ -134,10 +140,21 @@ def test_a_re_snapshot_and_an_empty_batch_carry_no_cut_tag(tmp_path: Path) -> No
 
 
 def test_ack_reads_the_batch_tables_and_writes_the_cut(lake_conn: str, tmp_path: Path) -> None:
+    """An existing table is named by the location its Iceberg metadata holds, wherever that is."""
+    lake = local_lake(str(tmp_path / "lake"))
+    catalog = open_catalog(lake)
+    namespace = lake.namespace("Sales.EU")
+    catalog.create_namespace(namespace)
+    elsewhere = tmp_path / "elsewhere" / "orders"
+    columns = pa.schema([("id", pa.int64())])
+    catalog.create_table((namespace, "v1.2 orders%ü"), columns, location=f"file://{elsewhere}/")
     path = write_manifest(tmp_path, (HOSTILE,))
     ack = PostgresCdcAckOperator(task_id="ack", slot_name="shop_cdc", manifest=path, lake_conn_id=lake_conn)
     lineage = ack.get_openlineage_facets_on_complete(None)
-    assert names(lineage.inputs) == [("iceberg://lake", "Sales%2EEU.v1.2 orders%ü")]
+    assert names(lineage.inputs) == [("file", str(elsewhere))]
+    assert names(lineage.inputs[0].facets["symlinks"].identifiers) == [
+        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü")
+    ]
     assert names(lineage.outputs) == [("postgres-cdc://lake", "shop_cdc")]
     assert lineage.run_facets["postgresCdcBatch"].endLsn == "0/2A0"
 
@@ -156,11 +173,15 @@ def test_maintenance_names_the_slots_tables_and_changelogs(lake_conn: str, tmp_p
         task_id="maintain", slot_name="shop_cdc", lake_conn_id=lake_conn
     )
     lineage = maintain.get_openlineage_facets_on_complete(None)
+    warehouse = f"{tmp_path}/lake/warehouse"
     expected = [
-        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü"),
-        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü__pgl_changelog"),
+        ("file", f"{warehouse}/Sales%2EEU/v1.2 orders%ü"),
+        ("file", f"{warehouse}/Sales%2EEU/v1.2 orders%ü__pgl_changelog"),
     ]
     assert names(lineage.inputs) == names(lineage.outputs) == expected
+    assert names(lineage.outputs[1].facets["symlinks"].identifiers) == [
+        ("iceberg://lake", "Sales%2EEU.v1.2 orders%ü__pgl_changelog")
+    ]
     assert [(f.name, f.type) for f in lineage.outputs[0].facets["schema"].fields] == [
         ("id", "long"),
         ("qty €", "int"),
