@@ -29,6 +29,7 @@ SHORT_JVM_OPTS = "-XX:TieredStopAtLevel=1"
 LONGEST_FIRST = (
     "tests/integration/e2e/test_backfills.py",  # 417
     "tests/integration/e2e/test_cdc_pipeline.py",  # 253
+    "tests/integration/e2e/test_rest_lake.py",  # 260 (local Spark), more on its cluster
     "tests/integration/airflow/test_asset_events.py",  # 208
     "tests/integration/reliability/test_least_privilege.py",  # 165
     "tests/integration/airflow/test_report_view.py",  # 144

@@ -176,8 +176,9 @@ def assert_changelog_holds(lake: LakeConfig, staged: Mapping[str, int]) -> int:
 class CommandLineWatch:
     """Samples every process's command line (``/proc/<pid>/cmdline``) while the ``with`` block runs.
 
-    ``leaks`` are the command lines that held one of ``secrets``; ``spark_submits`` counts the
-    samples of a running spark-submit, so a test can tell it watched while the jobs ran.
+    ``leaks`` are the command lines that held one of ``secrets``; ``spark_submits`` and
+    ``executors`` count the samples of a running spark-submit and of a standalone executor, so a
+    test can tell it watched while the jobs ran, and where they ran.
     """
 
     def __init__(self, secrets: Sequence[str], interval: float = 0.05) -> None:
@@ -185,6 +186,7 @@ class CommandLineWatch:
         self.interval = interval
         self.leaks: list[str] = []
         self.spark_submits = 0
+        self.executors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -205,6 +207,8 @@ class CommandLineWatch:
                     continue
                 if b"org.apache.spark.deploy.SparkSubmit" in text:
                     self.spark_submits += 1
+                if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in text:
+                    self.executors += 1
                 if any(secret in text for secret in self.secrets):
                     self.leaks.append(text.replace(b"\0", b" ").decode(errors="replace")[:300])
 

@@ -1,8 +1,11 @@
-"""The lake its users run: a REST catalog, the warehouse and staging on S3, the official Iceberg runtime.
+"""The lake its users run: a REST catalog, the warehouse and staging on S3, the official Iceberg runtime,
+and the jobs on a Spark standalone cluster.
 
 Real PostgreSQL, real ``airflow dags test`` on the example DAGs, SeaweedFS serving S3 and its
-Iceberg REST catalog (a table bucket, OAuth2 client credentials), and ``spark-submit`` with the
-official ``iceberg-spark-runtime``, ``iceberg-aws-bundle`` and ``hadoop-aws`` jars. The lake
+Iceberg REST catalog (a table bucket, OAuth2 client credentials), and ``spark-submit`` in client
+mode to a standalone master with two one-core workers, with the official
+``iceberg-spark-runtime``, ``iceberg-aws-bundle`` and ``hadoop-aws`` jars: the executors read the
+staged files through ``s3a`` and write the warehouse through Iceberg's ``S3FileIO``. The lake
 connection is the Iceberg provider's standard ``iceberg`` connection; staging is ``s3://`` through
 an ``aws`` connection, read by Spark's executors through ``s3a``. One batch is applied to one
 table only, as a killed apply leaves it, before the next run converges.
@@ -29,7 +32,7 @@ from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_r
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lake_connection import lake_config
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
-from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster, SparkStandaloneCluster
 from airflow_provider_postgres_cdc.testing.s3 import REGION, S3Server
 from tests.integration.e2e.e2e_support import (
     CommandLineWatch,
@@ -76,16 +79,25 @@ def test_rest_catalog_and_s3_pipeline_with_a_crash_ends_equal_and_leaks_no_secre
     shop = ShopWorkload(dsn, seed=23)
     shop.create_schema()
     shop.initial_load()
-    with S3Server(buckets=["staging"], table_buckets=["warehouse"]) as s3:
+    with (
+        S3Server(buckets=["staging"], table_buckets=["warehouse"]) as s3,
+        SparkStandaloneCluster(workers=2, cores_per_worker=1, memory_per_worker="1g") as spark_cluster,
+    ):
         lake_conn = s3.iceberg_connection_json("warehouse", catalog=CATALOG)
         lake = lake_of(lake_conn)
         store = S3Options(s3.access_key, s3.secret_key, region=REGION, endpoint_url=s3.endpoint_url)
         sandbox = pipeline_sandbox(
             tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn,
-            connections={"staging_store": s3.connection_json()},
+            connections={
+                "staging_store": s3.connection_json(), "spark_cluster": spark_cluster.connection_uri(),
+            },
         )  # fmt: skip
         staging = "s3://staging/cdc"
-        conf = {**pipeline_conf(SLOT, staging), "staging_conn_id": "staging_store"}
+        conf = {
+            **pipeline_conf(SLOT, staging),
+            "staging_conn_id": "staging_store",
+            "spark_conn_id": "spark_cluster",
+        }
         outputs = []
         with CommandLineWatch([s3.secret_key]) as watch:
             outputs.append(sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check().output)
@@ -99,7 +111,8 @@ def test_rest_catalog_and_s3_pipeline_with_a_crash_ends_equal_and_leaks_no_secre
             shop.step()
             outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
             outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
-        assert watch.spark_submits > 0  # it sampled while the jobs ran
+        assert watch.spark_submits > 0  # it sampled while the jobs ran,
+        assert watch.executors > 0  # and they ran on the cluster's executors
 
         results = compare_tables(dsn, [PUBLICATION], lake)
         assert all(r.equal for r in results), format_report(results)
