@@ -435,7 +435,7 @@ def test_spark_submit_applies_a_batch_end_to_end(lake: Lake) -> None:
 
 
 def test_a_job_without_iceberg_s_runtime_names_the_artifact_to_pass(lake: Lake) -> None:
-    manifest = lake.stage(SNAP_LSN, SNAP_LSN + 100, [(ORDERS, [[ins(SNAP_LSN + 10, 0, **_row(1))]])])
+    manifest = lake.stager.batch(SNAP_LSN, SNAP_LSN + 100, [(ORDERS, [[ins(SNAP_LSN + 10, 0, **_row(1))]])])
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYSPARK_PYTHON": sys.executable}
     drivers = ",".join(jar for jar in local_jars().split(",") if "iceberg" not in Path(jar).name)
