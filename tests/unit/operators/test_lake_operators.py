@@ -23,7 +23,6 @@ from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcLakeM
 from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 from airflow_provider_postgres_cdc.spark import JARS_ENV
 
-LAKE = LakeConfig("shop", {"type": "jdbc", "uri": "jdbc:postgresql://db/ice"}, "pg_")
 TABLE = TableManifest(
     schema="public", table="t", columns=(ColumnManifest("id", "int4", 23, -1, "int32", key=True),),
     key_columns=("id",), replica_identity="d", rows=1, files=("public.t/part-v000-0000.parquet",),
@@ -38,8 +37,11 @@ def write_manifest(directory: Path, tables: tuple[TableManifest, ...]) -> str:
 
 
 @pytest.fixture
-def submitted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    conn = json.loads(connection_json(LAKE)) | {"login": "ice", "password": "s3cret"}
+def submitted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, Any]]:
+    # A JDBC catalog in SQLite: the operators open it before they submit (its user and password are
+    # the JDBC catalog's; SQLite ignores them).
+    lake = LakeConfig("shop", {"type": "jdbc", "uri": f"jdbc:sqlite:{tmp_path}/catalog.db"}, "pg_")
+    conn = json.loads(connection_json(lake)) | {"login": "ice", "password": "s3cret"}
     monkeypatch.setenv("AIRFLOW_CONN_SHOP_LAKE", json.dumps(conn))
     monkeypatch.setenv(JARS_ENV, "/jars/iceberg.jar")
     calls: list[dict[str, Any]] = []
@@ -66,7 +68,7 @@ def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
         task_id="apply", manifest=path, lake_conn_id="shop_lake", spark_conn_id="spark_local",
         conf={"spark.sql.catalog.shop.warehouse": "s3a://override"},
     )  # fmt: skip
-    operator.execute({})  # type: ignore[arg-type]
+    operator.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
     (call,) = submitted
     # The secret is in a private properties file that is gone once the job ended, never in --conf.
     assert "spark.sql.catalog.shop.jdbc.password" not in call["conf"]
@@ -148,5 +150,5 @@ def test_the_spark_connection_is_rendered_from_a_template(
         task_id="apply", manifest=path, lake_conn_id="shop_lake", spark_conn_id="{{ params.spark }}"
     )
     operator.render_template_fields({"params": {"spark": "spark_local"}})  # type: ignore[arg-type]
-    operator.execute({})  # type: ignore[arg-type]
+    operator.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
     assert submitted[0]["conn_id"] == "spark_local"
