@@ -12,12 +12,12 @@ import logging
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.errors import PostgresCdcError
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lake import NAMES_CONF, LakeConfig, NameRule
 from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
 
 JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
@@ -40,7 +40,8 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     checkpoints = _use_checkpoint_dir(spark)
     try:
-        config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix)
+        names = cast(NameRule, spark.conf.get(NAMES_CONF, None) or "preserve")  # LakeConfig checks it
+        config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix, names=names)
         for line in body(spark, config, args):
             print(json.dumps(line))
         return 0
