@@ -62,6 +62,8 @@ class S3Server:
     :param access_key: the access key id it accepts (default ``postgres-cdc-test``).
     :param secret_key: the secret it accepts (random when omitted; see :attr:`secret_key`).
     :param iceberg_rest: also serve SeaweedFS's Iceberg REST catalog (:attr:`iceberg_rest_url`).
+    :param table_buckets: S3 Tables buckets created at start: each is a warehouse of the REST
+        catalog (:meth:`iceberg_catalog_properties`), not an ordinary bucket.
     :param weed: the ``weed`` binary; found by :func:`find_weed` when omitted.
     """
 
@@ -75,9 +77,11 @@ class S3Server:
         access_key: str = "postgres-cdc-test",
         secret_key: str | None = None,
         iceberg_rest: bool = False,
+        table_buckets: Sequence[str] = (),
         weed: str | os.PathLike[str] | None = None,
     ) -> None:
         self.buckets = tuple(buckets)
+        self.table_buckets = tuple(table_buckets)
         self.access_key = access_key
         self.secret_key = secret_key or secrets.token_hex(20)
         self.iceberg_rest = iceberg_rest
@@ -144,6 +148,7 @@ class S3Server:
             "-admin.ui=false", "-master.telemetry=false",
             f"-filer.localSocket={self.root / 'filer.sock'}", f"-s3.localSocket={self.root / 's3.sock'}",
             *(f"-{flag}={port}" for flag, port in ports.items()),
+            *([f"-tableBucket={','.join(self.table_buckets)}"] if self.table_buckets else []),
         ]  # fmt: skip
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
         with open(self.root / "weed.log", "ab") as log:
@@ -161,6 +166,8 @@ class S3Server:
                 raise RuntimeError(f"weed mini exited with {self._process.returncode}\n{self.log()}")
             with contextlib.suppress(OSError):
                 socket.create_connection((self.host, self.port), timeout=1).close()
+                if self.iceberg_rest:
+                    socket.create_connection((self.host, self.iceberg_port), timeout=1).close()
                 infos = filesystem.get_file_info(list(self.buckets))
                 if all(info.type == pafs.FileType.Directory for info in infos):
                     return
@@ -201,6 +208,27 @@ class S3Server:
             scheme="http",
             region=REGION,
         )
+
+    def iceberg_catalog_properties(self, table_bucket: str) -> dict[str, str]:
+        """The REST catalog of ``table_bucket`` as Spark catalog properties (a lake's ``properties``).
+
+        The catalog takes OAuth2 client credentials, the server's key pair; tables' files are read
+        and written through Iceberg's S3 client on the same server. pyiceberg reads the same keys.
+        """
+        return {
+            "type": "rest",
+            "uri": self.iceberg_rest_url,
+            "warehouse": f"s3://{table_bucket}/",
+            "credential": f"{self.access_key}:{self.secret_key}",
+            "oauth2-server-uri": f"{self.iceberg_rest_url}/v1/oauth/tokens",
+            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            "s3.endpoint": self.endpoint_url,
+            "s3.path-style-access": "true",
+            "s3.access-key-id": self.access_key,
+            "s3.secret-access-key": self.secret_key,
+            "s3.region": REGION,
+            "client.region": REGION,
+        }
 
     def connection_json(self, *, secret_key: str | None = None) -> str:
         """This server as an Airflow ``aws`` connection (the Amazon provider's fields), as JSON."""
