@@ -1,9 +1,9 @@
 """The portable lake-name rule: a source name as a name that restrictive Iceberg catalogs take, and back.
 
-Standard library only (shipped to the Spark job with the rest of ``formats``). Some catalogs
-(SeaweedFS's Iceberg REST catalog, AWS S3 Tables) take only namespace and table names of 1 to
-255 characters from ``a-z``, ``0-9`` and ``_`` that start and end with a letter or digit, and
-S3 Tables refuses namespaces that start with ``aws``. PostgreSQL names may hold upper case,
+Standard library only (shipped to the Spark job with the rest of ``formats``). AWS S3 Tables takes
+only namespace and table names of 1 to 255 characters from ``a-z``, ``0-9`` and ``_`` that start
+and end with a letter or digit, and no namespace that starts with ``aws``; SeaweedFS's Iceberg
+REST catalog takes the same and ``-``. A portable name is one both take. PostgreSQL names may hold upper case,
 spaces, quotes, dots and any Unicode, so ``LakeConfig(names="portable")`` writes each source
 schema and table name through :func:`portable_name`:
 
