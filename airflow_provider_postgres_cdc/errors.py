@@ -112,6 +112,10 @@ class LakeConfigError(PostgresCdcError, ValueError):
     """The lake (Iceberg catalog) configuration is incomplete or malformed."""
 
 
+class LakeNameError(PostgresCdcError):
+    """A published table has no lake name its lake can hold (too long, or shared with another table)."""
+
+
 class LakeCatalogError(PostgresCdcError):
     """The lake's Iceberg catalog cannot be opened or read from Python (pyiceberg)."""
 

@@ -128,6 +128,7 @@ def cdc_microbatch_task_group(
             transport=transport,
             max_messages=max_messages,  # type: ignore[arg-type]
             staging_conn_id=staging_conn_id,
+            lake_conn_id=lake_conn_id,
         )
         manifest = f"{{{{ ti.xcom_pull(task_ids='{drain.task_id}')['manifest'] }}}}"
         apply = PostgresCdcSparkApplyOperator(
@@ -208,6 +209,7 @@ def snapshot_task_group(
             copy_engine=copy_engine,
             postgres_conn_id=postgres_conn_id,
             staging_conn_id=staging_conn_id,
+            lake_conn_id=lake_conn_id,
         )
         load = PostgresCdcSparkApplyOperator(
             task_id="load",

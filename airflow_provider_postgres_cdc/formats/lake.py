@@ -20,8 +20,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from airflow_provider_postgres_cdc.errors import LakeConfigError
-from airflow_provider_postgres_cdc.formats.layout import encode_name_part
+from airflow_provider_postgres_cdc.errors import LakeConfigError, LakeNameError
+from airflow_provider_postgres_cdc.formats import names as portable
+from airflow_provider_postgres_cdc.formats.layout import decode_name_part, encode_name_part
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 
 SPARK_CATALOG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
@@ -55,6 +56,15 @@ OWNER_PROPERTY = "pgl.slot"
 CHANGELOG_SUFFIX = "__pgl_changelog"
 TAG_PREFIX = "pgl_"
 
+# How source schema and table names become lake names (docs/LAKE.md, "Names"): "preserve" keeps
+# them (a namespace's ".", "%" and "/" percent-encoded), "portable" maps them to names every catalog
+# takes (formats/names.py).
+NameRule = Literal["preserve", "portable"]
+NAME_RULES: tuple[NameRule, ...] = get_args(NameRule)
+NAMES_CONF = "spark.postgres_cdc.lakeNames"
+"""The Spark property that tells the jobs the lake's name rule (set by :meth:`LakeConfig.spark_conf`)."""
+_UNQUOTED = re.compile(r"[a-z_][a-z0-9_$]*")
+
 # Row-level write mode of the lake tables the apply job creates (docs/LAKE.md).
 WriteMode = Literal["merge-on-read", "copy-on-write"]
 WRITE_MODES: tuple[WriteMode, ...] = get_args(WriteMode)
@@ -62,7 +72,7 @@ WRITE_MODES: tuple[WriteMode, ...] = get_args(WriteMode)
 MaintenanceStep = Literal["rewrite", "tags", "expire", "orphans"]
 MAINTENANCE_STEPS: tuple[MaintenanceStep, ...] = get_args(MaintenanceStep)
 # The keys of a lake's settings (a postgres_cdc_lake connection's extras, a lake JSON file).
-LAKE_SETTINGS = ("catalog", "properties", "namespace_prefix")
+LAKE_SETTINGS = ("catalog", "properties", "namespace_prefix", "names")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,18 +82,28 @@ class LakeConfig:
     ``properties`` are the catalog's Spark properties without the ``spark.sql.catalog.<name>.``
     prefix (``type``, ``uri``, ``warehouse``, ``jdbc.user``, ``io-impl``, ...), the same keys
     Iceberg's own documentation lists; pyiceberg reads the same catalog from them. A source
-    table ``schema.table`` becomes ``<catalog>.<namespace_prefix><schema>.<table>``.
+    table ``schema.table`` becomes ``<catalog>.<namespace_prefix><schema>.<table>``, its names
+    written by the ``names`` rule: :meth:`identifier`, :meth:`changelog_identifier` and their
+    inverse :meth:`source_of` are the only places where lake names are made or read.
     """
 
     catalog: str = "lake"
     properties: Mapping[str, str] = field(default_factory=dict)
     namespace_prefix: str = ""
+    names: NameRule = "preserve"
 
     def __post_init__(self) -> None:
         if not self.catalog or not self.catalog.replace("_", "").isalnum():
             raise LakeConfigError(
                 f"catalog name {self.catalog!r} must be letters, digits and underscores (Spark's "
                 "spark.sql.catalog.<name> key), e.g. 'lake'"
+            )
+        if self.names not in NAME_RULES:
+            raise LakeConfigError(f"lake 'names' must be one of {list(NAME_RULES)}, not {self.names!r}")
+        if self.names == "portable" and not portable.is_portable_prefix(self.namespace_prefix):
+            raise LakeConfigError(
+                f"namespace_prefix {self.namespace_prefix!r} is not portable: with names 'portable' it is "
+                "written as it is, so it must be a-z, 0-9 and _, starting with a letter or digit ('cdc_')"
             )
 
     @property
@@ -95,7 +115,8 @@ class LakeConfig:
 
         The catalog's table cache is off: a job reads a table's state fresh, since another job
         (a re-snapshot load, a retry) may have committed since. A JDBC catalog keeps Iceberg's
-        V1 schema, the one pyiceberg's SQL catalog shares.
+        V1 schema, the one pyiceberg's SQL catalog shares. A name rule other than "preserve"
+        travels as :data:`NAMES_CONF`, which the jobs read (``spark/job.py``).
         """
         prefix = f"spark.sql.catalog.{self.catalog}"
         conf = {
@@ -110,41 +131,123 @@ class LakeConfig:
         if "s3.region" in properties:
             properties.setdefault("client.region", properties["s3.region"])
         conf.update({f"{prefix}.{key}": str(value) for key, value in properties.items()})
+        if self.names != "preserve":
+            conf[NAMES_CONF] = self.names
         return conf
 
     def namespace(self, schema: str) -> str:
-        """The Iceberg namespace of a source schema: one level, ``.`` and ``%`` percent-encoded.
+        """The Iceberg namespace of a source schema: one level, whatever the schema holds.
 
         Catalogs store a multi-level namespace joined by dots, so a dot inside one level would
-        read back as two levels; the encoding is the staging directory rule (FORMATS.md).
+        read back as two levels: "preserve" percent-encodes ``.``, ``%`` and ``/`` of prefix and
+        schema (the staging directory rule, FORMATS.md); "portable" writes the prefix as it is
+        and the schema by the portable rule, which has no dots.
         """
+        if self.names == "portable":
+            return self.namespace_prefix + portable.portable_name(schema)
         return encode_name_part(self.namespace_prefix + schema)
+
+    def table_name(self, table: str) -> str:
+        """The lake name of a source table inside its namespace."""
+        return portable.portable_name(table) if self.names == "portable" else table
 
     def identifier(self, schema: str, table: str) -> tuple[str, str]:
         """(namespace, table name) of a source table's lake table."""
-        return self.namespace(schema), table
+        return self.namespace(schema), self.table_name(table)
 
     def changelog_identifier(self, schema: str, table: str) -> tuple[str, str]:
         """(namespace, table name) of a source table's changelog table."""
-        return self.namespace(schema), table + CHANGELOG_SUFFIX
+        return self.namespace(schema), self.table_name(table) + CHANGELOG_SUFFIX
+
+    def source_of(self, namespace: str, name: str) -> tuple[str, str] | None:
+        """The source (schema, table) whose lake table is ``namespace.name`` (:meth:`identifier` inverted).
+
+        None for a changelog table and for any name this lake's rule does not make (another
+        prefix's namespace, a table someone else created).
+        """
+        prefixed = namespace if self.names == "portable" else decode_name_part(namespace)
+        if name.endswith(CHANGELOG_SUFFIX) or not prefixed.startswith(self.namespace_prefix):
+            return None
+        schema, table = prefixed[len(self.namespace_prefix) :], name
+        if self.names == "portable":
+            source_schema, source_table = portable.source_name(schema), portable.source_name(table)
+            if source_schema is None or source_table is None:
+                return None
+            schema, table = source_schema, source_table
+        if self.identifier(schema, table) != (namespace, name):
+            return None  # not a name this rule makes (e.g. a namespace percent-encoded another way)
+        return schema, table
+
+    def check_names(self, tables: Iterable[tuple[str, str]]) -> None:
+        """Refuse, naming the table, any source table whose lake names this lake cannot hold.
+
+        Run before anything is staged (the drain, the snapshot) and by the apply job, without
+        contacting the catalog. With "preserve", two source tables must not share a lake table
+        (table ``t__pgl_changelog`` would be ``t``'s changelog); a catalog that refuses some names
+        is not known here, so they fail at its CREATE. With "portable", every name must be one
+        SeaweedFS and S3 Tables take (:func:`formats.names.refusal`: its length, and a prefix
+        that makes a namespace start with ``aws``).
+        """
+        owners: dict[tuple[str, str], tuple[str, str]] = {}
+        for schema, table in tables:
+            data, changelog = self.identifier(schema, table), self.changelog_identifier(schema, table)
+            if self.names == "portable":  # injective, its changelogs apart: only the length can fail
+                self._check_portable(schema, table, data, changelog)
+                continue
+            for identifier in (data, changelog):
+                owner = owners.setdefault(identifier, (schema, table))
+                if owner != (schema, table):
+                    raise LakeNameError(self._clash(owner, (schema, table), identifier))
+
+    def _check_portable(
+        self, schema: str, table: str, data: tuple[str, str], changelog: tuple[str, str]
+    ) -> None:
+        parts = (("namespace", data[0]), ("table", data[1]), ("changelog table", changelog[1]))
+        for kind, name in parts:
+            why = portable.refusal(name, namespace=kind == "namespace")
+            if why is not None:
+                shown = name if len(name) <= 80 else f"{name[:60]}…({len(name)} characters)"
+                raise LakeNameError(
+                    f"source table {_shown((schema, table))} would get the lake {kind} name {shown!r} "
+                    f"under the lake's 'portable' name rule, and {why}. Rename the source "
+                    f"{'schema' if kind == 'namespace' else 'table'} (ALTER … RENAME TO), leave the table "
+                    "out of the publication, or change the lake connection's namespace_prefix . The slot "
+                    "has not moved"
+                )
+
+    def _clash(self, first: tuple[str, str], second: tuple[str, str], identifier: tuple[str, str]) -> str:
+        """Why two source tables cannot both be in a "preserve" lake."""
+        which = {
+            source: "changelog" if self.changelog_identifier(*source) == identifier else "table"
+            for source in (first, second)
+        }
+        return (
+            f"source tables {_shown(first)} and {_shown(second)} would share the lake table "
+            f"{'.'.join(identifier)} under the lake's 'preserve' name rule (the {which[first]} of the "
+            f"first, the {which[second]} of the second): rename one of them, or set names 'portable' in "
+            "the lake connection's extras, whose names never clash (on a lake that has tables already, "
+            'read docs/LAKE.md "Names" first: some names change). The slot has not moved'
+        )
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "catalog": self.catalog,
-                "properties": dict(self.properties),
-                "namespace_prefix": self.namespace_prefix,
-            }
-        )
+        data: dict[str, Any] = {
+            "catalog": self.catalog,
+            "properties": dict(self.properties),
+            "namespace_prefix": self.namespace_prefix,
+        }
+        if self.names != "preserve":
+            data["names"] = self.names
+        return json.dumps(data)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> LakeConfig:
-        """From ``{"catalog", "properties", "namespace_prefix"}`` (a connection's extras, a JSON file)."""
+        """From ``{"catalog", "properties", "namespace_prefix", "names"}`` (connection extras, JSON)."""
         unknown = set(data) - set(LAKE_SETTINGS)
         if unknown:
             raise LakeConfigError(
                 f"unknown lake setting(s) {sorted(unknown)}: expected 'catalog', 'properties' "
-                "(the catalog's Spark properties) and 'namespace_prefix'"
+                "(the catalog's Spark properties), 'namespace_prefix' and 'names' "
+                f"({' or '.join(repr(rule) for rule in NAME_RULES)})"
             )
         properties = data.get("properties") or {}
         if not isinstance(properties, Mapping):
@@ -153,6 +256,7 @@ class LakeConfig:
             catalog=str(data.get("catalog") or "lake"),
             properties={str(k): str(v) for k, v in properties.items()},
             namespace_prefix=str(data.get("namespace_prefix") or ""),
+            names=data.get("names") or "preserve",
         )
 
     @classmethod
@@ -197,6 +301,13 @@ def iceberg_runtime_problem(
             f"packages='org.apache.iceberg:{wanted}:<version>' instead"
         )
     return None
+
+
+def _shown(source: tuple[str, str]) -> str:
+    """``schema.table`` as PostgreSQL would print it, each part quoted when it needs quotes."""
+    return ".".join(
+        part if _UNQUOTED.fullmatch(part) else '"' + part.replace('"', '""') + '"' for part in source
+    )
 
 
 def tag_name(end_lsn: Lsn) -> str:

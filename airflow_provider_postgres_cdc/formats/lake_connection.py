@@ -6,8 +6,8 @@ Two connection types describe a lake (docs/LAKE.md, "Configuring the catalog"):
   Iceberg properties, as Spark names them) and ``namespace_prefix``;
 * ``iceberg`` (apache-airflow-providers-apache-iceberg's): host is the REST catalog's base URL,
   login and password its OAuth2 client id and secret, and the extras are the catalog's
-  properties themselves (``warehouse``, ``s3.endpoint``, ...). ``catalog`` and
-  ``namespace_prefix`` in its extras are the pipeline's settings, not catalog properties. So a user
+  properties themselves (``warehouse``, ``s3.endpoint``, ...). ``catalog``, ``namespace_prefix``
+  and ``names`` in its extras are the pipeline's settings, not catalog properties. So a user
   who already has an ``iceberg`` connection passes it as ``lake_conn_id``.
 
 In both, the secret stays in the connection's password field, which Airflow masks: a JDBC
@@ -19,6 +19,7 @@ Standard library only, like the rest of ``formats``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,4 +89,4 @@ def _with_credentials(
             f"it has a password, but a {kind or 'typeless'} catalog takes its credentials as catalog "
             "properties: put them in the extras"
         )
-    return LakeConfig(config.catalog, properties, config.namespace_prefix)
+    return dataclasses.replace(config, properties=properties)

@@ -65,7 +65,8 @@ def encode_name_part(name: str) -> str:
     return "".join(_ENCODED.get(ch, ch) for ch in name)
 
 
-def _decode_part(text: str) -> str:
+def decode_name_part(text: str) -> str:
+    """Inverse of :func:`encode_name_part`."""
     # Only the three escapes encode_name_part produces exist; decode %25 last so "%252E" stays "%2E".
     return text.replace("%2F", "/").replace("%2E", ".").replace("%25", "%")
 
@@ -80,4 +81,4 @@ def parse_table_dir_name(name: str) -> tuple[str, str]:
     schema, sep, table = name.partition(".")
     if not sep or "." in table:
         raise ValueError(f"not a table directory name: {name!r}")
-    return _decode_part(schema), _decode_part(table)
+    return decode_name_part(schema), decode_name_part(table)

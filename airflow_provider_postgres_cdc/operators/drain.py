@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_postgres_cdc import metrics
 from airflow_provider_postgres_cdc.engine.choices import TRANSPORTS, Transport
+from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options
 from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
@@ -32,6 +33,9 @@ class PostgresCdcDrainOperator(BaseOperator):
     :param spill_dir: local directory for spill files (default ``$TMPDIR``) (templated).
     :param staging_conn_id: an ``aws`` connection with the ``s3://`` staging store's endpoint and
         credentials (:class:`PostgresCdcStagingHook`); ``None``: pyarrow's environment chain (templated).
+    :param lake_conn_id: the lake's ``postgres_cdc_lake`` connection: every published table's lake
+        names are checked against its name rule before anything is staged (docs/LAKE.md, "Names");
+        ``None`` checks nothing (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -45,6 +49,7 @@ class PostgresCdcDrainOperator(BaseOperator):
         "max_memory_bytes",
         "spill_dir",
         "staging_conn_id",
+        "lake_conn_id",
     )
     ui_color = "#c6e2ff"
 
@@ -61,6 +66,7 @@ class PostgresCdcDrainOperator(BaseOperator):
         max_memory_bytes: int | None = None,
         spill_dir: str | None = None,
         staging_conn_id: str | None = None,
+        lake_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         check_staging(staging)
@@ -76,6 +82,7 @@ class PostgresCdcDrainOperator(BaseOperator):
         self.max_memory_bytes = max_memory_bytes
         self.spill_dir = spill_dir
         self.staging_conn_id = staging_conn_id
+        self.lake_conn_id = lake_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         # The engine (pyarrow) loads when the task runs, not when its DAG is parsed.
@@ -95,6 +102,7 @@ class PostgresCdcDrainOperator(BaseOperator):
             max_memory_bytes=int(self.max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES),
             spill_dir=self.spill_dir or None,
             staging_options=staging_options(self.staging_conn_id),
+            lake=PostgresCdcLakeHook(self.lake_conn_id).get_conn() if self.lake_conn_id else None,
         )
         result = drain_batch(self._get_hook().connection_params(), settings)
         if not result.reused:  # a retry that found its batch staged drained nothing now

@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from airflow_provider_postgres_cdc.engine.choices import COPY_ENGINES, SLOT_MODES, CopyEngine, SlotMode
 from airflow_provider_postgres_cdc.errors import BACKFILL, SlotExistsError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
 from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
@@ -86,6 +87,9 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         credentials (:class:`PostgresCdcStagingHook`); ``None``: pyarrow's environment chain (templated).
         The local engine writes with it; the Spark engine's executors write through Hadoop's
         ``s3a`` with its endpoint and keys (the secret in the job's private properties file).
+    :param lake_conn_id: the lake's connection: every published table's lake names are checked
+        against its name rule before a slot is created (docs/LAKE.md, "Names"); ``None`` checks
+        nothing (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -98,6 +102,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         "slot_mode",
         "spark_conn_id",
         "staging_conn_id",
+        "lake_conn_id",
     )
 
     def __init__(
@@ -123,6 +128,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         spark_conf: dict[str, Any] | None = None,
         progress_interval: float = 5.0,
         staging_conn_id: str | None = None,
+        lake_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         check_staging(staging)
@@ -149,6 +155,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         self.spark_conf = spark_conf
         self.progress_interval = progress_interval
         self.staging_conn_id = staging_conn_id
+        self.lake_conn_id = lake_conn_id
         self._spark_hook: Any = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -212,6 +219,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             parallelism=self.parallelism or DEFAULT_PARALLELISM,
             range_bytes=self.range_bytes or DEFAULT_RANGE_BYTES,
             min_range_bytes=self.min_range_bytes or DEFAULT_MIN_RANGE_BYTES,
+            lake=PostgresCdcLakeHook(self.lake_conn_id).get_conn() if self.lake_conn_id else None,
         ) as run:
             if self.copy_engine == "spark":
                 copies = self._copy_with_spark(run, params)

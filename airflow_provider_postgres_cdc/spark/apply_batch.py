@@ -416,6 +416,7 @@ def apply_manifest(
     spark.conf.set("spark.sql.caseSensitive", "true")  # PostgreSQL names "ID" and "id" differ
     lake_tables = IcebergTables(spark, config, write_mode)
     manifest = load_manifest(spark, manifest_path)
+    config.check_names((s.schema, s.table) for s in manifest.tables)  # before any table is touched
     specs = list(manifest.tables)
     if tables:
         wanted = set(tables)

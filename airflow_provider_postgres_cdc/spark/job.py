@@ -12,13 +12,18 @@ import logging
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.errors import IcebergRuntimeError, PostgresCdcError
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig, iceberg_runtime_problem
+from airflow_provider_postgres_cdc.formats.lake import (
+    NAMES_CONF,
+    LakeConfig,
+    NameRule,
+    iceberg_runtime_problem,
+)
 from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
 
 JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
@@ -42,7 +47,8 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
     checkpoints = _use_checkpoint_dir(spark)
     try:
         check_iceberg_runtime(spark)
-        config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix)
+        names = cast(NameRule, spark.conf.get(NAMES_CONF, None) or "preserve")  # LakeConfig checks it
+        config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix, names=names)
         for line in body(spark, config, args):
             print(json.dumps(line))
         return 0

@@ -63,7 +63,7 @@ class S3Server:
     :param secret_key: the secret it accepts (random when omitted; see :attr:`secret_key`).
     :param iceberg_rest: also serve SeaweedFS's Iceberg REST catalog (:attr:`iceberg_rest_url`).
     :param table_buckets: S3 Tables buckets created at start: each is one catalog of the Iceberg REST
-        server, its warehouse ``s3://<name>/`` (:meth:`rest_lake` describes one as a lake).
+        server, its warehouse ``s3://<name>/`` (:meth:`rest_catalog_properties`).
     :param weed: the ``weed`` binary; found by :func:`find_weed` when omitted.
     """
 
@@ -150,6 +150,7 @@ class S3Server:
             "-admin.ui=false", "-master.telemetry=false",
             f"-filer.localSocket={self.root / 'filer.sock'}", f"-s3.localSocket={self.root / 's3.sock'}",
             *(f"-{flag}={port}" for flag, port in ports.items()),
+            *([f"-tableBucket={','.join(self.table_buckets)}"] if self.table_buckets else []),
         ]  # fmt: skip
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
         with open(self.root / "weed.log", "ab") as log:
@@ -222,6 +223,7 @@ class S3Server:
             "uri": self.iceberg_rest_url,
             "warehouse": f"s3://{table_bucket}/",
             "credential": f"{self.access_key}:{secret}",
+            "oauth2-server-uri": f"{self.iceberg_rest_url}/v1/oauth/tokens",
             "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
             "s3.endpoint": self.endpoint_url,
             "s3.path-style-access": "true",

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 def _check_slot(conn: Any, settings: DrainSettings) -> SlotInfo:
-    """The slot, once it is known to be drainable (it may live on a hot standby, PostgreSQL 16+)."""
+    """The slot, once it is known to be drainable (it may live on a hot standby, PostgreSQL 16+) and
+    every published table to have a name in the lake."""
     slot = describe_slot(conn, settings.slot)
     if slot.invalidated:
         raise SlotLostError(invalidation_message(slot))
@@ -52,7 +53,9 @@ def _check_slot(conn: Any, settings: DrainSettings) -> SlotInfo:
         raise SlotPluginError(
             f"slot {settings.slot!r} is not a pgoutput logical slot (plugin {slot.plugin!r})"
         )
-    describe_publications(conn, settings.publications)  # raises PublicationNotFoundError
+    publications = describe_publications(conn, settings.publications)  # raises PublicationNotFoundError
+    if settings.lake is not None:  # a table the lake cannot name stops here, before anything is staged
+        settings.lake.check_names((t.schema, t.table) for p in publications for t in p.tables)
     return slot
 
 

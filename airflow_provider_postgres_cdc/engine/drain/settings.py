@@ -8,6 +8,7 @@ from typing import Any, Literal
 from airflow_provider_postgres_cdc.engine.choices import Transport
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 
 MIN_MEMORY_BYTES = 32 << 20
@@ -40,6 +41,8 @@ class DrainSettings:
     :param chunk_messages: the stream also yields a chunk after this many messages.
     :param staging_options: endpoint and credentials of an ``s3://`` staging store (default: pyarrow's
         environment chain); the store is checked before the slot is read.
+    :param lake: the lake the batch is for: every published table's lake names are checked against
+        its name rule (:meth:`LakeConfig.check_names`) before anything is staged; None checks nothing.
     """
 
     slot: str
@@ -56,6 +59,7 @@ class DrainSettings:
     max_rows_per_batch: int = 65_536
     progress_seconds: float = 5.0
     staging_options: S3Options | None = None
+    lake: LakeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_memory_bytes < MIN_MEMORY_BYTES:

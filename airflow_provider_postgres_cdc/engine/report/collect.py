@@ -241,14 +241,14 @@ def live_rows(summary: Mapping[str, str]) -> int | None:
     return total - (_int(summary.get(POSITION_DELETES)) or 0)
 
 
-def _table_row(name: str, table: Any) -> LakeTableRow:
+def _table_row(name: str, table: Any, lake_name: str | None) -> LakeTableRow:
     current = table.current_snapshot()
     if current is None:
-        return LakeTableRow(name, None, None, None, None, None, None, note="no commits yet")
+        return LakeTableRow(name, None, None, None, None, None, None, "no commits yet", lake_name)
     rows = live_rows(summary_of(current))
     state = table_state(table)
     if state is None:
-        return LakeTableRow(name, None, None, None, None, rows, None, note="no pipeline commit yet")
+        return LakeTableRow(name, None, None, None, None, rows, None, "no pipeline commit yet", lake_name)
     committed = datetime.fromtimestamp(table.snapshot_by_id(state.snapshot_id).timestamp_ms / 1000, UTC)
     return LakeTableRow(
         name,
@@ -258,6 +258,7 @@ def _table_row(name: str, table: Any) -> LakeTableRow:
         state.kind,
         rows,
         committed,
+        lake_name=lake_name,
     )
 
 
@@ -277,8 +278,10 @@ def read_lake(
     rows = []
     for table in tables:
         namespace, name = (str(part) for part in table.name()[-2:])
-        qualified = f"{namespace}.{name}"
-        rows.append(_table_row(qualified, table))
+        source = config.source_of(namespace, name)  # the lake's names read back (LAKE.md, "Names")
+        qualified = ".".join(source) if source is not None else f"{namespace}.{name}"
+        lake_name = None if qualified == f"{namespace}.{name}" else f"{namespace}.{name}"
+        rows.append(_table_row(qualified, table, lake_name))
         fallback = _changelog_changes(catalog, (namespace, name), slot)
         for snapshot in reversed(lineage(table)):
             summary = summary_of(snapshot)

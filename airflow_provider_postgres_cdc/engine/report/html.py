@@ -170,8 +170,9 @@ def _pipeline(index: int, report: PipelineReport) -> str:
     parts.append("<h3>Lake tables</h3>")
     parts.append(_table(
         ("table", "applied-end LSN", "base LSN", "last batch", "kind", "rows", "committed", "note"),
-        [[(t.name, False), (t.applied_end_lsn, False), (t.base_lsn, False), (t.last_batch, False),
-          (t.last_kind, False), (t.rows, True), (t.committed_at, False), (t.note or "", False)]
+        [[(f"{t.name} (lake: {t.lake_name})" if t.lake_name else t.name, False), (t.applied_end_lsn, False),
+          (t.base_lsn, False), (t.last_batch, False), (t.last_kind, False), (t.rows, True),
+          (t.committed_at, False), (t.note or "", False)]
          for t in report.tables],
         f"{key}-tables",
     ))  # fmt: skip

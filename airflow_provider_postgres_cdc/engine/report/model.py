@@ -98,7 +98,11 @@ class BatchRow:
 
 @dataclass(frozen=True, slots=True)
 class LakeTableRow:
-    """A pipeline table: where the pipeline has brought it, or why it has nothing yet."""
+    """A pipeline table: where the pipeline has brought it, or why it has nothing yet.
+
+    ``name`` is the source's ``schema.table``; ``lake_name`` the lake's ``namespace.table`` when
+    the lake's name rule made it differ (docs/LAKE.md, "Names").
+    """
 
     name: str
     applied_end_lsn: str | None
@@ -108,6 +112,7 @@ class LakeTableRow:
     rows: int | None
     committed_at: datetime | None
     note: str | None = None
+    lake_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

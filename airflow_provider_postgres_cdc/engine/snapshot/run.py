@@ -45,11 +45,13 @@ from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import (
 )
 from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import collect_staged, spark_job_spec
 from airflow_provider_postgres_cdc.engine.staging import DEFAULT_MAX_FILE_BYTES, StagingLocation
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.layout import MANIFEST_NAME, SNAPSHOT_PREFIX, snapshot_batch_id
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, ManifestStats
 from airflow_provider_postgres_cdc.replication import connect, connect_replication
 from airflow_provider_postgres_cdc.replication.connection import ConnParams
+from airflow_provider_postgres_cdc.replication.publications import published_tables
 from airflow_provider_postgres_cdc.replication.slots import (
     SNAPSHOT_HOLDER_OPTIONS,
     CreatedSlot,
@@ -115,6 +117,8 @@ class SnapshotRun:
     :param progress_interval: seconds between progress log lines and holder checks.
     :param on_progress: called with :class:`SnapshotProgress` at each phase and interval.
     :param staging_options: endpoint and credentials of an ``s3://`` staging store.
+    :param lake: the lake the copy is for: every published table's lake names are checked against
+        its name rule (:meth:`LakeConfig.check_names`) before a slot exists; None checks nothing.
     """
 
     def __init__(
@@ -134,6 +138,7 @@ class SnapshotRun:
         progress_interval: float = 5.0,
         on_progress: ProgressCallback | None = None,
         staging_options: S3Options | None = None,
+        lake: LakeConfig | None = None,
     ) -> None:
         if not publications:
             raise ValueError("at least one publication is required")
@@ -152,6 +157,7 @@ class SnapshotRun:
         self.min_range_bytes = min_range_bytes
         self.progress_interval = progress_interval
         self.on_progress = on_progress
+        self.lake = lake
         self.created: CreatedSlot | None = None
         self.plan: list[TablePlan] = []
         self.database = ""
@@ -203,6 +209,9 @@ class SnapshotRun:
         self.database = self._catalog.get_dsn_parameters().get("dbname", "")
         # Fail on bad publications/tables before a slot exists; the snapshot re-reads them below.
         published_subset(self._catalog, self.publications, self.tables)
+        if self.lake is not None:  # every published table, the ones not copied now too
+            published = published_tables(self._catalog, self.publications)
+            self.lake.check_names((table.schema, table.table) for table in published)
         prepare_slot(self._catalog, self.slot, self.slot_mode, recreate_slot=self.recreate_slot)
         self._holder = connect_replication(self.conn_params, options=SNAPSHOT_HOLDER_OPTIONS)
         self._holder_pid = self._holder.get_backend_pid()

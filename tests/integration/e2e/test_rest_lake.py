@@ -83,7 +83,10 @@ def test_rest_catalog_and_s3_pipeline_with_a_crash_ends_equal_and_leaks_no_secre
         S3Server(buckets=["staging"], table_buckets=["warehouse"]) as s3,
         SparkStandaloneCluster(workers=2, cores_per_worker=1, memory_per_worker="1g") as spark_cluster,
     ):
-        lake_conn = s3.iceberg_connection_json("warehouse", catalog=CATALOG)
+        # The catalog restricts names: the lake names them portably (docs/LAKE.md, "Names").
+        connection = json.loads(s3.iceberg_connection_json("warehouse", catalog=CATALOG))
+        connection["extra"]["names"] = "portable"
+        lake_conn = json.dumps(connection)
         lake = lake_of(lake_conn)
         store = S3Options(s3.access_key, s3.secret_key, region=REGION, endpoint_url=s3.endpoint_url)
         sandbox = pipeline_sandbox(

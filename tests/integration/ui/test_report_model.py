@@ -13,6 +13,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from pyiceberg.catalog import load_catalog
 
 from airflow_provider_postgres_cdc.cli import main
 from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties
-from airflow_provider_postgres_cdc.engine.report import AckPoint, collect_report, render_html
+from airflow_provider_postgres_cdc.engine.report import AckPoint, collect_report, read_lake, render_html
 from airflow_provider_postgres_cdc.formats import lake as lk
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
@@ -176,3 +177,19 @@ def test_cli_writes_one_self_contained_page(pipeline: tuple[str, LakeConfig], tm
     page = out.read_text()
     assert page.count("<script") >= 3 and "uPlot" in page
     assert re.search(r"<\w+[^>]*\s(src|href)=", page) is None  # everything inline, nothing fetched
+
+
+def test_a_portable_lake_reports_its_tables_by_their_source_names(tmp_path: Path) -> None:
+    config = replace(local_lake(str(tmp_path)), names="portable", namespace_prefix="cdc_")
+    (tmp_path / "warehouse").mkdir()
+    catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
+    namespace, name = config.identifier("My Schema", "Orders")
+    catalog.create_namespace(namespace)
+    table = catalog.create_table((namespace, name), pa.schema([("id", pa.int64())]),
+                                 properties={lk.OWNER_PROPERTY: SLOT})  # fmt: skip
+    _commit(table, pa.table({"id": pa.array([1], pa.int64())}),
+            _summary("snapshot", "snap", SNAP_END, SNAP_END, SNAP_END))  # fmt: skip
+    _, tables, _, _ = read_lake(config, SLOT)
+    assert [(t.name, t.lake_name, t.rows) for t in tables] == [
+        ("My Schema.Orders", "cdc_0_my_220_schema.0_orders", 1)
+    ]

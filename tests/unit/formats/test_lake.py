@@ -138,7 +138,7 @@ def test_a_rest_catalog_takes_oauth2_client_credentials_or_a_bearer_token(
 def test_the_iceberg_provider_s_connection_is_a_lake(monkeypatch: pytest.MonkeyPatch) -> None:
     extra = {"warehouse": "s3://lake/", "s3.endpoint": "http://s3:8333", "s3.region": "eu-west-1",
              "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-             "catalog": "shop", "namespace_prefix": "pg_"}  # fmt: skip
+             "catalog": "shop", "namespace_prefix": "pg_", "names": "portable"}  # fmt: skip
     conn = {
         "conn_type": "iceberg",
         "host": "http://catalog:8181",
@@ -148,7 +148,12 @@ def test_the_iceberg_provider_s_connection_is_a_lake(monkeypatch: pytest.MonkeyP
     }
     monkeypatch.setenv("AIRFLOW_CONN_ICE", json.dumps(conn))
     got = PostgresCdcLakeHook("ice").get_conn()
-    assert (got.catalog, got.namespace_prefix, got.catalog_type) == ("shop", "pg_", "rest")
+    assert (got.catalog, got.namespace_prefix, got.catalog_type, got.names) == (
+        "shop",
+        "pg_",
+        "rest",
+        "portable",
+    )
     assert got.properties["credential"] == "id:sec" and got.properties["uri"] == "http://catalog:8181"
     assert got.properties["s3.endpoint"] == "http://s3:8333" and "catalog" not in got.properties
     spark = got.spark_conf()
