@@ -17,7 +17,7 @@ LAKE_JARS_DIR := $(CURDIR)/$(VENV)/lake-jars/spark-$(SPARK_LINE)
 export POSTGRES_CDC_SPARK_JARS := $(shell tools/lake-jars/jars.sh list $(SPARK_LINE) $(LAKE_JARS_DIR))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars browser lint test test-floor test-fast test-cluster soak e2e-on-lag demo clean
+.PHONY: venv lake-jars spark4 spark4-background browser lint test test-floor test-fast test-cluster soak e2e-on-lag demo clean
 
 # The newest Airflow the whole suite runs on, and the oldest the package declares (pyproject's
 # floor), on which the unit suite runs too.
@@ -56,11 +56,35 @@ $(CHROMIUM):
 	$(SUDO) apt-get update -qq
 	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-$(LAKE_JARS_DIR)/.fetched: $(MVN) tools/lake-jars/pom.xml tools/lake-jars/SHA256SUMS tools/lake-jars/jars.sh
-	tools/lake-jars/jars.sh fetch $(SPARK_LINE) $(LAKE_JARS_DIR)
+$(CURDIR)/$(VENV)/lake-jars/spark-%/.fetched: $(MVN) tools/lake-jars/pom.xml tools/lake-jars/SHA256SUMS tools/lake-jars/jars.sh
+	tools/lake-jars/jars.sh fetch $* $(@D)
 	touch $@
 
 lake-jars: $(LAKE_JARS_DIR)/.fetched
+
+# Spark 4.1 with Iceberg 1.12, the second line the jobs are tested on (docs/LAKE.md, "Versions").
+# pyspark 4 installs into the same `pyspark/` folder as 3.5, so it gets a virtualenv of its own that
+# holds pyspark alone, as a Spark distribution on a worker would (the jobs import nothing else), and
+# the 4.1 lake jars. `make test` starts the install in the background (about 50 s from a cold pip
+# cache: the sdist is built into a wheel) so that it overlaps lint and the unit tests; the 4.1 tests
+# wait for it (tests/spark_lines.py).
+PYSPARK4 := 4.1.1
+SPARK4_VENV := .venv-spark4
+SPARK4_STAMP := $(SPARK4_VENV)/.pyspark-$(PYSPARK4)
+SPARK4_INSTALL := rm -rf $(SPARK4_VENV) && $(PYTHON) -m venv --without-pip $(SPARK4_VENV) \
+	&& $(BIN)/python -m pip --python $(SPARK4_VENV)/bin/python install --quiet pyspark==$(PYSPARK4) \
+	&& touch $(SPARK4_STAMP)
+$(SPARK4_STAMP): | $(STAMP)
+	$(SPARK4_INSTALL)
+
+spark4: $(SPARK4_STAMP) $(CURDIR)/$(VENV)/lake-jars/spark-4.1/.fetched
+
+# The install in the background: its log in .venv-spark4.log, its process id in .venv-spark4.pid.
+spark4-background: $(CURDIR)/$(VENV)/lake-jars/spark-4.1/.fetched | $(STAMP)
+	@if [ ! -f $(SPARK4_STAMP) ] && ! grep -qs $(SPARK4_VENV) "/proc/$$(cat $(SPARK4_VENV).pid 2>/dev/null)/cmdline"; then \
+		echo "installing pyspark $(PYSPARK4) into $(SPARK4_VENV) in the background (log: $(SPARK4_VENV).log)"; \
+		(set -x; $(SPARK4_INSTALL)) > $(SPARK4_VENV).log 2>&1 & echo $$! > $(SPARK4_VENV).pid; \
+	fi
 
 browser: $(CHROMIUM)
 
@@ -75,7 +99,7 @@ lint: venv
 # PostgreSQL clusters and Spark session. Two on two cores: most of a test's time is spent waiting
 # (on JVM and Airflow start-ups, a scheduler's loop, a server), not computing.
 WORKERS ?= 2
-test: lint test-floor lake-jars $(CHROMIUM)
+test: spark4-background lint test-floor lake-jars $(CHROMIUM)
 	$(BIN)/python -m pytest -m "not cluster" -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The pipeline on a Spark standalone cluster (two one-core workers, started by the tests): the
@@ -105,4 +129,4 @@ demo: venv lake-jars
 	$(BIN)/python -m airflow_provider_postgres_cdc.demo
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR_VENV) $(SPARK4_VENV) $(SPARK4_VENV).log $(SPARK4_VENV).pid .pytest_cache .mypy_cache .ruff_cache

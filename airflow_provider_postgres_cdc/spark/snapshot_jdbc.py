@@ -1,8 +1,10 @@
 """Copy an exported PostgreSQL snapshot into staged Parquet with Spark's JDBC source: the Spark copy engine.
 
-Runs anywhere pyspark runs (it imports nothing from Airflow or from the rest of its package)::
+Runs anywhere pyspark runs: it imports nothing from Airflow, and the package modules it does
+import (``errors``) reach it in the zip every job of the package gets (``spark.job_py_files``)::
 
-    spark-submit --packages org.postgresql:postgresql:42.7.8 snapshot_jdbc.py --spec <job spec JSON file>
+    spark-submit --packages org.postgresql:postgresql:42.7.8 --py-files postgres_cdc_job.zip \
+        snapshot_jdbc.py --spec <job spec JSON file>
 
 The spec is written by ``SnapshotRun.spark_job_spec`` while the slot's replication connection
 holds the snapshot open. Every table is read as one JDBC query per ``ctid`` range (each is one
@@ -37,9 +39,7 @@ from pyspark.sql import functions as sf
 
 from airflow_provider_postgres_cdc.errors import JobSpecError
 
-PASSWORD_ENV = (
-    "POSTGRES_CDC_JDBC_PASSWORD"  # snapshot.SPARK_PASSWORD_ENV: this file imports nothing of the package
-)
+PASSWORD_ENV = "POSTGRES_CDC_JDBC_PASSWORD"  # snapshot.SPARK_PASSWORD_ENV (the engine side imports pyarrow)
 FETCH_SIZE = "10000"
 
 _SIMPLE = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -14,6 +13,7 @@ from airflow_provider_postgres_cdc.formats.manifest import is_sibling
 from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
 from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.snapshot.snapshot_helpers import load_manifest, sorted_rows, staged_table
+from tests.spark_lines import ALSO_ON_SPARK_41, SparkLine
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,6 @@ def source(pg_cluster: PostgresCluster, pg_dbname: str, monkeypatch: pytest.Monk
     uri = f"postgresql://postgres:{PASSWORD}@127.0.0.1:{pg_cluster.port}/{pg_dbname}"
     monkeypatch.setenv("AIRFLOW_CONN_PGL_SNAPSHOT", uri)
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", "spark://local%5B2%5D")
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     return "pgl_snapshot"
 
 
@@ -88,17 +87,28 @@ def test_operator_refuses_an_unknown_engine_without_touching_the_server(source: 
 
 
 @pytest.mark.spark
+@ALSO_ON_SPARK_41
 def test_spark_engine_stages_the_same_manifest_and_data_as_the_local_engine(
-    source: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    source: str,
+    spark_line: SparkLine,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.INFO)
+    # As a worker deploys another Spark: its spark-submit named, its Python (pyspark alone) for the
+    # job, which sees nothing of this checkout but what the operator ships.
+    for key, value in spark_line.submit_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     local = _operator(source, "eng_local", tmp_path, min_range_bytes=16 * 1024).execute({})  # type: ignore[arg-type]
-    spark = _operator(source, "eng_spark", tmp_path, copy_engine="spark", min_range_bytes=16 * 1024).execute(
-        {}  # type: ignore[arg-type]
-    )
+    engine = {"copy_engine": "spark", "spark_binary": str(spark_line.spark_submit)}
+    spark = _operator(source, "eng_spark", tmp_path, min_range_bytes=16 * 1024, **engine).execute({})  # type: ignore[arg-type]
     local_path, spark_path = urlparse(local["manifest"]).path, urlparse(spark["manifest"]).path
     local_manifest, spark_manifest = load_manifest(local_path), load_manifest(spark_path)
     assert PASSWORD not in caplog.text
+    assert f"Running Spark version {spark_line.name}." in capsys.readouterr().out  # the hook's log of the job
     for mine in local_manifest.tables:
         theirs = spark_manifest.table(mine.schema, mine.table)
         # The Spark engine writes a sibling for every date/timestamp/decimal column; where nothing
