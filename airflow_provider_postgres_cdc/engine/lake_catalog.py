@@ -16,9 +16,8 @@ from urllib.parse import quote, urlparse
 import pyarrow as pa
 
 from airflow_provider_postgres_cdc.errors import LakeCatalogError
-from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats import lake, lake_index
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState
-from airflow_provider_postgres_cdc.formats.layout import encode_name_part
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 
@@ -71,12 +70,15 @@ def sqlalchemy_url(jdbc_uri: str, user: str = "", password: str = "") -> str:
 
 
 def open_catalog(config: LakeConfig) -> Any:
-    """The pyiceberg catalog of the lake; a clear error when it cannot be reached."""
+    """The pyiceberg catalog of the lake; a clear error when it cannot be reached.
+
+    Whether the index namespace exists is the probe: one request whatever the catalog holds.
+    """
     from pyiceberg.catalog import load_catalog
 
     try:
         catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
-        catalog.list_namespaces()
+        catalog.namespace_exists(lake_index.index_namespace(config))
     except LakeCatalogError:
         raise
     except Exception as exc:
@@ -106,10 +108,14 @@ def check_catalog(config: LakeConfig, source: str) -> None:
 
 def load_table(catalog: Any, config: LakeConfig, schema: str, table: str) -> Any | None:
     """A source table's lake table, or None when it does not exist."""
+    return _load(catalog, config.identifier(schema, table))
+
+
+def _load(catalog: Any, identifier: tuple[str, str]) -> Any | None:
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     try:
-        return catalog.load_table(config.identifier(schema, table))
+        return catalog.load_table(identifier)
     except (NoSuchTableError, NoSuchNamespaceError):
         return None
 
@@ -168,18 +174,26 @@ class Cut:
 
 
 def owned_tables(catalog: Any, config: LakeConfig, slot: str) -> list[Any]:
-    """The data tables of ``slot``'s pipeline (table property), like the job's cut takes them."""
-    prefix = encode_name_part(config.namespace_prefix)
+    """The data tables of ``slot``'s pipeline, as the job's cut takes them: those its index names
+    (``formats/lake_index.py``) that exist and carry the slot's table property.
+
+    One small scan of the index, then a load of each table it names: the catalog is never listed,
+    so its other tables cost nothing.
+    """
+    index = _load(catalog, lake_index.index_identifier(config, slot))
+    if index is None:
+        return []
+    entries = index.scan(selected_fields=lake_index.COLUMNS).to_arrow()
+    named = zip(
+        entries[lake_index.NAMESPACE_COLUMN].to_pylist(),
+        entries[lake_index.NAME_COLUMN].to_pylist(),
+        strict=True,
+    )
     tables = []
-    for namespace in catalog.list_namespaces():
-        if len(namespace) != 1 or not namespace[0].startswith(prefix):
-            continue
-        for identifier in catalog.list_tables(namespace):
-            if identifier[-1].endswith(lake.CHANGELOG_SUFFIX):
-                continue
-            table = catalog.load_table(identifier)
-            if table.properties.get(lake.OWNER_PROPERTY) == slot:
-                tables.append(table)
+    for identifier in lake_index.indexed_tables(named):
+        table = _load(catalog, identifier)
+        if table is not None and table.properties.get(lake.OWNER_PROPERTY) == slot:
+            tables.append(table)
     return tables
 
 

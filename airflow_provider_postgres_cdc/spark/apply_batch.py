@@ -8,8 +8,10 @@ The catalog itself is configured the Spark way (``spark.sql.catalog.<name>.*``; 
 passes them from its lake connection). Per table, one Iceberg commit applies the batch and records
 it in the snapshot summary (docs/LAKE.md): a snapshot load creates or overwrites the table, a batch
 is reduced to its net effect per key and merged with one ``MERGE INTO``. Each change of a batch is
-appended once to the table's changelog table. Once every table of the batch has committed, every
-table of the pipeline is tagged ``pgl_<end LSN>``: a consistent cut across tables.
+appended once to the table's changelog table. Before any of this, the run's tables are registered
+in the slot's index, through which the cut, the ack and maintenance find the pipeline's tables.
+Once every table of the batch has committed, every table of the pipeline is tagged
+``pgl_<end LSN>``: a consistent cut across tables.
 
 Exit status 0 on success (a JSON summary is printed on stdout), 2 on an error a user must act on
 (message on stderr, e.g. an incompatible column type change), 1 on anything unexpected.
@@ -346,7 +348,15 @@ class ApplyJob:
     # ----------------------------------------------------------------------------------- run
 
     def run(self, specs: Sequence[TableManifest]) -> list[TableResult]:
+        """Register the run's tables in the slot's index (docs/LAKE.md), then load or apply each one,
+        then tag the cut. Registering first means a table exists only once the index names it."""
         step = self.load_snapshot_table if self.manifest.kind == "snapshot" else self.apply_batch_table
+        config = self.tables.config
+        added = self.tables.register(
+            self.manifest.slot, [config.identifier(spec.schema, spec.table) for spec in specs]
+        )
+        if added:
+            log.info("%d table(s) registered in the index of slot %s", added, self.manifest.slot)
         results = []
         for spec in specs:
             result = self._with_retries(step, spec)

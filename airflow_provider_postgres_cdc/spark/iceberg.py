@@ -26,14 +26,14 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     ShortType,
+    StringType,
     StructField,
     StructType,
 )
 
 from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogError, SchemaConflictError
-from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats import lake, lake_index
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
-from airflow_provider_postgres_cdc.formats.layout import encode_name_part
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.spark.changes import OLD
 
@@ -50,6 +50,8 @@ _CONFLICTS = (
     "CommitStateUnknownException",
     "Cannot fast-forward: main is not an ancestor",
 )
+# A table, or the namespace it would be in, does not exist (Spark's and Iceberg's names for it).
+_MISSING = ("NoSuchTableException", "TABLE_OR_VIEW_NOT_FOUND", "NoSuchNamespaceException")
 _INTEGRAL: dict[type[DataType], int] = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
 _FLOATING: dict[type[DataType], int] = {FloatType: 4, DoubleType: 8}
 
@@ -57,6 +59,11 @@ _FLOATING: dict[type[DataType], int] = {FloatType: 4, DoubleType: 8}
 def quote(name: str) -> str:
     """A Spark SQL identifier part: backticks, with backticks inside doubled."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def literal(text: str) -> str:
+    """A Spark SQL string literal (backslashes and quotes escaped: Spark unescapes literals)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -125,7 +132,11 @@ class IcebergTables:
                 "runtime jar"
             )
         try:
-            self.spark.sql(f"SHOW NAMESPACES IN {quote(name)}").collect()
+            catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(name)
+            gateway: Any = self.spark.sparkContext._gateway
+            levels = gateway.new_array(self._jvm.java.lang.String, 1)
+            levels[0] = lake_index.index_namespace(self.config)
+            catalog.namespaceExists(levels)  # any answer will do: the catalog is reachable
         except (PySparkException, Py4JJavaError) as exc:
             raise CatalogError(
                 f"cannot reach Iceberg catalog {name!r} ({_first_line(exc)}): check its uri and credentials "
@@ -151,7 +162,7 @@ class IcebergTables:
                 self.spark._jsparkSession, self.name(identifier)
             )
         except (PySparkException, Py4JJavaError) as exc:
-            if "NoSuchTableException" in str(exc) or "TABLE_OR_VIEW_NOT_FOUND" in str(exc):
+            if any(name in str(exc) for name in _MISSING):
                 return None
             raise
         table.refresh()
@@ -366,24 +377,53 @@ class IcebergTables:
             commit = commit.set(key, value)
         commit.commit()
 
+    # ----------------------------------------------------------------------------------- index
+
+    def indexed(self, slot: str) -> list[tuple[str, str]]:
+        """The tables ``slot``'s index names (``formats/lake_index.py``), read fresh: another job
+        may have registered tables since this one started."""
+        index = lake_index.index_identifier(self.config, slot)
+        if self.java_table(index) is None:
+            return []
+        rows = self.spark.table(self.name(index)).select(*lake_index.COLUMNS).collect()
+        return lake_index.indexed_tables((row[0], row[1]) for row in rows)
+
+    def register(self, slot: str, identifiers: Sequence[tuple[str, str]]) -> int:
+        """Add the tables ``slot``'s index lacks, in one append; returns how many were added.
+
+        The job registers a run's tables before it creates or commits to any of them, so no table
+        it writes is ever missing from the index (an entry whose table a crash kept from being
+        created is skipped by readers). The index is created empty, then appended to: Iceberg
+        appends never conflict, so jobs registering at once all land, each retrying its commit on
+        the other's; creating it is idempotent (``IF NOT EXISTS``), so a job that loses that race
+        goes on to append.
+        """
+        new = lake_index.unregistered(identifiers, self.indexed(slot))
+        if not new:
+            return 0
+        index = lake_index.index_identifier(self.config, slot)
+        if self.java_table(index) is None:
+            self.ensure_namespace(index[0])
+            columns = ", ".join(f"{quote(name)} STRING" for name in lake_index.COLUMNS)
+            self.spark.sql(
+                f"CREATE TABLE IF NOT EXISTS {self.name(index)} ({columns}) USING iceberg "
+                f"COMMENT {literal(lake_index.index_comment(slot))} TBLPROPERTIES ('format-version' = '2')"
+            )
+        schema = StructType([StructField(name, StringType(), True) for name in lake_index.COLUMNS])
+        self.spark.createDataFrame(new, schema).writeTo(self.name(index)).append()
+        return len(new)
+
     # ------------------------------------------------------------------------------------ tags
 
     def owned_tables(self, slot: str) -> list[tuple[str, str]]:
-        """Every data table of the lake that ``slot``'s pipeline owns (table property)."""
-        prefix = encode_name_part(self.config.namespace_prefix)
+        """The data tables of ``slot``'s pipeline: those its index names that exist and carry the
+        slot's table property (the index narrows, the property confirms). The catalog is never
+        listed, so other tables in it cost nothing."""
         owned = []
-        # The catalog's own listing: names as they are (SHOW NAMESPACES quotes the ones needing it).
-        catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(self.config.catalog)
-        for levels in catalog.listNamespaces():
-            if len(levels) != 1 or not str(levels[0]).startswith(prefix):
-                continue
-            for ident in catalog.listTables(levels):
-                name = str(ident.name())
-                if name.endswith(lake.CHANGELOG_SUFFIX):
-                    continue
-                table = self.java_table((str(levels[0]), name))
-                if table is not None and table.properties().get(lake.OWNER_PROPERTY) == slot:
-                    owned.append((str(levels[0]), name))
+        for identifier in self.indexed(slot):
+            table = self.java_table(identifier)
+            if table is not None and table.properties().get(lake.OWNER_PROPERTY) == slot:
+                owned.append(identifier)
         return owned
 
     def tag_cut(self, slot: str, end_lsn: Lsn) -> int:

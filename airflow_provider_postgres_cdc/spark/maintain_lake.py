@@ -49,7 +49,7 @@ from airflow_provider_postgres_cdc.errors import MaintenanceError
 from airflow_provider_postgres_cdc.formats import lake
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, is_conflict, quote
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, is_conflict, literal, quote
 from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
 
 log = logging.getLogger("postgres_cdc.maintain")
@@ -86,17 +86,12 @@ class TableMaintenance:
     conflicts: list[str] = field(default_factory=list)  # steps skipped: another writer committed first
 
 
-def _literal(text: str) -> str:
-    """A Spark SQL string literal (backslashes and quotes escaped: Spark unescapes literals)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _timestamp(moment: datetime) -> str:
-    return f"TIMESTAMP {_literal(moment.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f'))}"
+    return f"TIMESTAMP {literal(moment.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S.%f'))}"
 
 
 def _options(options: dict[str, str]) -> str:
-    return "map(" + ", ".join(f"{_literal(k)}, {_literal(v)}" for k, v in options.items()) + ")"
+    return "map(" + ", ".join(f"{literal(k)}, {literal(v)}" for k, v in options.items()) + ")"
 
 
 class LakeMaintenance:
@@ -109,7 +104,7 @@ class LakeMaintenance:
 
     def _call(self, procedure: str, identifier: tuple[str, str], **args: str) -> list[Row]:
         """``CALL <catalog>.system.<procedure>(table => ..., <args>)``; returns its result rows."""
-        table_arg = _literal(".".join(quote(part) for part in identifier))
+        table_arg = literal(".".join(quote(part) for part in identifier))
         named = "".join(f", {name} => {value}" for name, value in args.items())
         sql = f"CALL {quote(self.tables.config.catalog)}.system.{procedure}(table => {table_arg}{named})"
         return self.spark.sql(sql).collect()

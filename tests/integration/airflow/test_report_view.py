@@ -28,7 +28,6 @@ from pyiceberg.types import LongType, NestedField
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties
-from airflow_provider_postgres_cdc.formats import lake as lk
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.plugins.pipelines import VARIABLE
@@ -36,6 +35,7 @@ from airflow_provider_postgres_cdc.replication import connect, describe_slot
 from airflow_provider_postgres_cdc.testing import AirflowServices, PostgresCluster
 from tests.integration.airflow.browser import HeadlessChromium, find_chromium
 from tests.integration.e2e.e2e_support import lake_state, make_lake, pipeline_conf, pipeline_sandbox
+from tests.pipeline_lake import create_owned_table
 
 SLOT = "shop_report"
 SECRET = "s3cret-lake-pw"
@@ -88,8 +88,8 @@ def _lake_with_empty_table(root: Path) -> str:
     (root / "warehouse").mkdir(exist_ok=True)
     catalog = load_catalog(lake.catalog, **pyiceberg_properties(lake))
     catalog.create_namespace("public")
-    catalog.create_table(("public", "fresh"), Schema(NestedField(1, "id", LongType(), required=False)),
-                         properties={lk.OWNER_PROPERTY: SLOT})  # fmt: skip
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    create_owned_table(catalog, lake, SLOT, ("public", "fresh"), schema)
     return conn_json
 
 

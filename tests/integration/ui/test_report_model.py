@@ -29,6 +29,7 @@ from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication import connect, create_slot
 from airflow_provider_postgres_cdc.testing import PostgresCluster
+from tests.pipeline_lake import create_owned_table
 
 SLOT = "report_slot"
 SNAP_END, B1_END = Lsn(0x1000), Lsn(0x2000)
@@ -52,9 +53,8 @@ def build_lake(root: Path) -> LakeConfig:
     catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
     catalog.create_namespace("public")
     schema = pa.schema([("id", pa.int64())])
-    owner = {lk.OWNER_PROPERTY: SLOT}
-    orders = catalog.create_table(("public", "orders"), schema, properties=owner)
-    items = catalog.create_table(("public", "items"), schema, properties=owner)
+    orders = create_owned_table(catalog, config, SLOT, ("public", "orders"), schema)
+    items = create_owned_table(catalog, config, SLOT, ("public", "items"), schema)
     changelog = catalog.create_table(("public", "items" + lk.CHANGELOG_SUFFIX), schema)
     rows = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
     _commit(orders, rows, _summary("snapshot", "snap", SNAP_END, SNAP_END, SNAP_END))
@@ -77,8 +77,7 @@ def add_empty_table(config: LakeConfig) -> None:
 
     catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
     with contextlib.suppress(TableAlreadyExistsError):
-        catalog.create_table(("public", "empty"), pa.schema([("id", pa.int64())]),
-                             properties={lk.OWNER_PROPERTY: SLOT})  # fmt: skip
+        create_owned_table(catalog, config, SLOT, ("public", "empty"), pa.schema([("id", pa.int64())]))
 
 
 @pytest.fixture(scope="module")

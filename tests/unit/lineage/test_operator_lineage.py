@@ -20,7 +20,7 @@ import pytest
 from openlineage.client.serde import Serde
 
 from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog
-from airflow_provider_postgres_cdc.formats.lake import CHANGELOG_SUFFIX, OWNER_PROPERTY, local_lake
+from airflow_provider_postgres_cdc.formats.lake import CHANGELOG_SUFFIX, local_lake
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, Manifest, TableManifest
 from airflow_provider_postgres_cdc.formats.schema_changes import CatalogFacts
@@ -30,6 +30,7 @@ from airflow_provider_postgres_cdc.lineage.facets import schema_of
 from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
 from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcLakeMaintenanceOperator
 from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+from tests.pipeline_lake import create_owned_table
 from tests.unit.test_layers import airflow_side_modules
 
 HOSTILE = TableManifest(
@@ -160,15 +161,15 @@ def test_ack_reads_the_batch_tables_and_writes_the_cut(lake_conn: str, tmp_path:
 
 
 def test_maintenance_names_the_slots_tables_and_changelogs(lake_conn: str, tmp_path: Path) -> None:
-    """Tables created with pyiceberg as the job creates them: owned by a slot through a table property."""
+    """Tables created with pyiceberg as the job creates them: owned by a slot (table property, index)."""
     lake = local_lake(str(tmp_path / "lake"))
     catalog = open_catalog(lake)
     namespace = lake.namespace("Sales.EU")
     catalog.create_namespace(namespace)
     columns = pa.schema([("id", pa.int64()), ("qty €", pa.int32())])
-    catalog.create_table((namespace, "v1.2 orders%ü"), columns, properties={OWNER_PROPERTY: "shop_cdc"})
+    create_owned_table(catalog, lake, "shop_cdc", (namespace, "v1.2 orders%ü"), columns)
     catalog.create_table((namespace, "v1.2 orders%ü" + CHANGELOG_SUFFIX), columns)
-    catalog.create_table((namespace, "other"), columns, properties={OWNER_PROPERTY: "another_slot"})
+    create_owned_table(catalog, lake, "another_slot", (namespace, "other"), columns)
     maintain = PostgresCdcLakeMaintenanceOperator(
         task_id="maintain", slot_name="shop_cdc", lake_conn_id=lake_conn
     )
