@@ -398,7 +398,7 @@ class IcebergTables:
         the other's; creating it is idempotent (``IF NOT EXISTS``), so a job that loses that race
         goes on to append.
         """
-        new = lake_index.unregistered(identifiers, self.indexed(slot))
+        new = lake_index.unregistered(identifiers, self.indexed(slot)) if identifiers else []
         if not new:
             return 0
         index = lake_index.index_identifier(self.config, slot)
