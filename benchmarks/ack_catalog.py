@@ -36,7 +36,8 @@ from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.formats.layout import change_batch_id
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, Manifest, TableManifest
-from tests.pipeline_lake import create_owned_table, rest_catalog_server, rest_lake
+from airflow_provider_postgres_cdc.testing import S3Server
+from tests.pipeline_lake import create_owned_table
 
 SLOT = "shop_cdc"
 START, END = Lsn(0x1_0000_0000), Lsn(0x1_0000_1000)
@@ -98,10 +99,10 @@ def ack_reads(config: LakeConfig, manifest: Manifest) -> float:
 def lakes(kind: str) -> Iterator[tuple[str, dict[str, LakeConfig]]]:
     """Two empty catalogs of ``kind`` (quiet, busy), and a description of them."""
     if kind == "rest":
-        with rest_catalog_server((QUIET, BUSY)) as server:
+        with S3Server(buckets=["staging"], table_buckets=[QUIET, BUSY]) as server:
             yield (
                 "SeaweedFS Iceberg REST catalog (two table buckets of one server)",
-                {name: rest_lake(server, "lake", bucket=name) for name in (QUIET, BUSY)},
+                {name: LakeConfig(properties=server.rest_catalog_properties(name)) for name in (QUIET, BUSY)},
             )
         return
     with tempfile.TemporaryDirectory(prefix="ack-catalog-") as root:

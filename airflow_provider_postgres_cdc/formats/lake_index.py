@@ -18,10 +18,11 @@ from collections.abc import Iterable
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 
 # The source-schema name whose lake namespace holds every slot's index: ``<namespace_prefix>pgl_pipelines``.
-# A source schema of that name would share the namespace; its tables named ``slot_<slot>`` are reserved.
+# A source schema of that name would share the namespace; its tables ``slot_<slot>_tables`` are reserved.
 INDEX_SCHEMA = "pgl_pipelines"
-# Slot names may begin with "_"; the strictest REST catalogs want a table name to begin with a letter.
-INDEX_TABLE_PREFIX = "slot_"
+# Slot names may begin or end with "_"; the strictest REST catalogs want a table name to begin and end
+# with a letter or digit.
+INDEX_TABLE = "slot_{slot}_tables"
 # One row per table registered: its lake namespace and table name, as the catalog stores them.
 NAMESPACE_COLUMN = "namespace"
 NAME_COLUMN = "name"
@@ -29,13 +30,15 @@ COLUMNS = (NAMESPACE_COLUMN, NAME_COLUMN)
 
 
 def index_identifier(config: LakeConfig, slot: str) -> tuple[str, str]:
-    """(namespace, table) of ``slot``'s index: ``<namespace_prefix>pgl_pipelines.slot_<slot>``.
+    """(namespace, table) of ``slot``'s index: ``<namespace_prefix>pgl_pipelines.slot_<slot>_tables``,
+    written by the lake's name rule like any lake name.
 
-    PostgreSQL slot names are lowercase letters, digits and underscores, so with a namespace prefix
-    of the same characters the name is valid in the strictest REST catalogs (S3 Tables, SeaweedFS:
-    lowercase ``a-z``, ``0-9``, ``_``, ``-``, beginning with a letter or digit).
+    PostgreSQL slot names are lowercase letters, digits and underscores, so whatever the slot the
+    table name is one the strictest REST catalogs take (S3 Tables, SeaweedFS: ``a-z``, ``0-9`` and
+    ``_``, beginning and ending with a letter or digit), under either name rule; so is the
+    namespace, given a namespace prefix they take.
     """
-    return config.identifier(INDEX_SCHEMA, INDEX_TABLE_PREFIX + slot)
+    return config.identifier(INDEX_SCHEMA, INDEX_TABLE.format(slot=slot))
 
 
 def index_namespace(config: LakeConfig) -> str:

@@ -28,7 +28,6 @@ from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
 from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import S3Server
 from tests.integration.spark.spark_staging import Stager, TableDef, ins
-from tests.pipeline_lake import rest_catalog_server, rest_lake
 
 SLOT, OTHER = "shop_cdc", "other_cdc"
 S0 = 0x3000_0000
@@ -43,16 +42,17 @@ def _rows(n: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def rest_server() -> Iterator[S3Server]:
-    with rest_catalog_server() as server:
+    with S3Server(buckets=["staging"], table_buckets=["lake"]) as server:
         yield server
 
 
 @pytest.fixture
 def rest(spark: SparkSession, rest_server: S3Server) -> LakeConfig:
     """The REST catalog under a fresh Spark catalog name, with a namespace prefix of its own (the
-    server's catalog is shared by the module's tests)."""
+    server's catalog is shared by the module's tests), and the name rule such catalogs call for."""
     tag = uuid.uuid4().hex[:8]
-    config = rest_lake(rest_server, f"rest_{tag}", namespace_prefix=f"t{tag}_")
+    properties = rest_server.rest_catalog_properties("lake")
+    config = LakeConfig(f"rest_{tag}", properties, namespace_prefix=f"t{tag}_", names="portable")
     register_lake(spark, config)
     return config
 

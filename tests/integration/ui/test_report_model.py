@@ -184,8 +184,7 @@ def test_a_portable_lake_reports_its_tables_by_their_source_names(tmp_path: Path
     catalog = load_catalog(config.catalog, **pyiceberg_properties(config))
     namespace, name = config.identifier("My Schema", "Orders")
     catalog.create_namespace(namespace)
-    table = catalog.create_table((namespace, name), pa.schema([("id", pa.int64())]),
-                                 properties={lk.OWNER_PROPERTY: SLOT})  # fmt: skip
+    table = create_owned_table(catalog, config, SLOT, (namespace, name), pa.schema([("id", pa.int64())]))
     _commit(table, pa.table({"id": pa.array([1], pa.int64())}),
             _summary("snapshot", "snap", SNAP_END, SNAP_END, SNAP_END))  # fmt: skip
     _, tables, _, _ = read_lake(config, SLOT)

@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from airflow_provider_postgres_cdc.formats import lake_index
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lake import NAME_RULES, LakeConfig, NameRule
+from airflow_provider_postgres_cdc.formats.names import refusal
 
-# SeaweedFS's and AWS S3 Tables' rule for namespace and table names (docs/LAKE.md, "REST catalogs").
-STRICT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+# PostgreSQL slot names: lowercase letters, digits and underscores, any of them first or last.
+SLOTS = ["shop_cdc", "_leading", "trailing_", "a__b", "0digits", "x" * 63]
 
 
-@pytest.mark.parametrize("slot", ["shop_cdc", "_leading_underscore", "0digits", "x" * 63])
+@pytest.mark.parametrize("slot", SLOTS)
+@pytest.mark.parametrize("names", NAME_RULES)
 @pytest.mark.parametrize("prefix", ["", "team_a_"])
-def test_the_index_name_suits_the_strictest_rest_catalogs_whatever_the_slot(slot: str, prefix: str) -> None:
-    """PostgreSQL slot names are lowercase letters, digits and underscores, any of them first."""
-    namespace, table = lake_index.index_identifier(LakeConfig(namespace_prefix=prefix), slot)
-    assert (namespace, table) == (f"{prefix}pgl_pipelines", f"slot_{slot}")
-    assert STRICT_NAME.fullmatch(namespace) and STRICT_NAME.fullmatch(table)
+def test_the_index_name_suits_the_strictest_rest_catalogs_whatever_the_slot(
+    slot: str, names: NameRule, prefix: str
+) -> None:
+    """SeaweedFS and S3 Tables take it under either name rule (formats/names.py says what they take)."""
+    namespace, table = lake_index.index_identifier(LakeConfig(namespace_prefix=prefix, names=names), slot)
+    assert refusal(namespace, namespace=True) is None and refusal(table, namespace=False) is None
+    if names == "preserve":
+        assert (namespace, table) == (f"{prefix}pgl_pipelines", f"slot_{slot}_tables")
 
 
-def test_the_index_is_where_the_lake_would_put_its_source_name() -> None:
-    """Named through the config's own mapping, so a change of that mapping moves the index with it."""
-    config = LakeConfig(namespace_prefix="pg_")
-    assert lake_index.index_identifier(config, "s") == config.identifier("pgl_pipelines", "slot_s")
+@pytest.mark.parametrize("names", NAME_RULES)
+def test_the_index_is_where_the_lake_would_put_its_source_name(names: NameRule) -> None:
+    """Named through the config's own rule, so the index follows the lake's names like any table."""
+    config = LakeConfig(namespace_prefix="pg_", names=names)
+    assert lake_index.index_identifier(config, "s") == config.identifier("pgl_pipelines", "slot_s_tables")
     assert lake_index.index_namespace(config) == config.namespace("pgl_pipelines")
 
 
