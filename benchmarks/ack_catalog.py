@@ -1,7 +1,7 @@
 """The ack's catalog work in a shared catalog: a pipeline alone, and among 1,000 foreign tables.
 
     .venv/bin/python benchmarks/ack_catalog.py [--catalog rest|sqlite] [--tables 5] [--foreign 1000] \
-        [--repeat 9]
+        [--repeat 15]
 
 The ack reads the lake twice before it moves the slot: ``unapplied_tables`` (every table the
 batch's manifest names holds the batch) and ``cut_at`` (every table of the pipeline at the batch's
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--catalog", choices=("rest", "sqlite"), default="rest")
     parser.add_argument("--tables", type=int, default=5, help="tables of the pipeline")
     parser.add_argument("--foreign", type=int, default=1000, help="foreign tables in the busy catalog")
-    parser.add_argument("--repeat", type=int, default=9, help="timings of each catalog")
+    parser.add_argument("--repeat", type=int, default=15, help="timings of each catalog")
     args = parser.parse_args()
     with lakes(args.catalog) as (description, configs):
         print(f"{description}; a pipeline of {args.tables} tables")
