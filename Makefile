@@ -15,9 +15,12 @@ SPARK_LINE ?= 3.5
 LAKE_JARS_DIR := $(CURDIR)/$(VENV)/lake-jars/spark-$(SPARK_LINE)
 # What local Spark loads for the lake (airflow_provider_postgres_cdc.spark.local_jars reads it).
 export POSTGRES_CDC_SPARK_JARS := $(shell tools/lake-jars/jars.sh list $(SPARK_LINE) $(LAKE_JARS_DIR))
+# The class-data archive of Spark's classes the tests' short drivers map instead of loading them
+# (airflow_provider_postgres_cdc/testing/spark_cds.py; written once, about 30 s).
+export POSTGRES_CDC_SPARK_CDS := $(CURDIR)/$(VENV)/spark-cds/spark-$(SPARK_LINE).jsa
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars spark4 spark4-background browser lint test test-floor test-fast test-cluster soak e2e-on-lag demo clean
+.PHONY: venv lake-jars spark-cds spark4 spark4-background browser pg15 lint test-setup test test-floor test-fast test-cluster soak e2e-on-lag demo clean
 
 # The newest Airflow the whole suite runs on, and the oldest the package declares (pyproject's
 # floor), on which the unit suite runs too.
@@ -44,23 +47,27 @@ $(FLOOR_STAMP): pyproject.toml
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -m pytest tests/unit -q -n $(WORKERS) -p no:cacheprovider
 
-# Maven resolves the lake's jars (Debian's package, where the machine lacks it).
+# Debian's packages the targets need, in one apt-get (two at once would fight over dpkg's lock):
+# Maven, which resolves the lake's jars; chromium, the real browser the Airflow view's test loads
+# the page in (tests/integration/airflow); PostgreSQL 15, the oldest server the suite runs on (the
+# test kit's wheel brings 18).
 MVN := /usr/bin/mvn
-$(MVN):
-	$(SUDO) apt-get update -qq
-	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven
-
-# Debian's chromium: the real browser the Airflow view's test loads the page in (tests/integration/airflow).
 CHROMIUM := /usr/bin/chromium
-$(CHROMIUM):
+PG15 := /usr/lib/postgresql/15/bin/postgres
+$(MVN) $(CHROMIUM) $(PG15) &:
 	$(SUDO) apt-get update -qq
-	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+	$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven chromium postgresql-15
 
 $(CURDIR)/$(VENV)/lake-jars/spark-%/.fetched: $(MVN) tools/lake-jars/pom.xml tools/lake-jars/SHA256SUMS tools/lake-jars/jars.sh
 	tools/lake-jars/jars.sh fetch $* $(@D)
 	touch $@
 
 lake-jars: $(LAKE_JARS_DIR)/.fetched
+
+$(POSTGRES_CDC_SPARK_CDS): $(LAKE_JARS_DIR)/.fetched | $(STAMP)
+	$(BIN)/python -m airflow_provider_postgres_cdc.testing.spark_cds $@
+
+spark-cds: $(POSTGRES_CDC_SPARK_CDS)
 
 # Spark 4.1 with Iceberg 1.12, the second line the jobs are tested on (docs/LAKE.md, "Versions").
 # pyspark 4 installs into the same `pyspark/` folder as 3.5, so it gets a virtualenv of its own that
@@ -87,6 +94,7 @@ spark4-background: $(CURDIR)/$(VENV)/lake-jars/spark-4.1/.fetched | $(STAMP)
 	fi
 
 browser: $(CHROMIUM)
+pg15: $(PG15)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -99,12 +107,17 @@ lint: venv
 # PostgreSQL clusters and Spark session. Two on two cores: most of a test's time is spent waiting
 # (on JVM and Airflow start-ups, a scheduler's loop, a server), not computing.
 WORKERS ?= 2
-test: spark4-background lint test-floor lake-jars $(CHROMIUM)
+# What the suite needs first, made in parallel (downloads, installs and lint overlap; each target's
+# output is printed whole when it ends).
+test-setup: spark4-background lint test-floor lake-jars spark-cds $(CHROMIUM) $(PG15)
+
+test:
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-setup
 	$(BIN)/python -m pytest -m "not cluster" -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The pipeline on a Spark standalone cluster (two one-core workers, started by the tests): the
 # end-to-end CDC run under writes with executors and the driver killed mid-apply (about 4 min).
-test-cluster: lake-jars
+test-cluster: lake-jars spark-cds
 	$(BIN)/python -m pytest -m cluster tests/integration/cluster -q
 
 # The edit-test loop, under 2 minutes and no server: lint, types and tests/unit only (the same tests
@@ -116,13 +129,13 @@ test-fast: lint
 # ROUNDS crash rounds each; one line per seed, a summary line, and a failing seed's replay command.
 SEEDS ?= 20
 ROUNDS ?= 3
-soak: lake-jars
+soak: lake-jars spark-cds
 	POSTGRES_CDC_SOAK_SEEDS=$(SEEDS) POSTGRES_CDC_SOAK_ROUNDS=$(ROUNDS) $(BIN)/python -m pytest \
 		tests/integration/reliability/test_crash_soak.py -q
 
 # The example DAG postgres_cdc_on_lag started by its AssetWatcher, end to end (about 100 s; not in
 # `make test`, whose tests/integration/airflow/test_asset_watcher.py covers the watcher itself).
-e2e-on-lag: lake-jars
+e2e-on-lag: lake-jars spark-cds
 	POSTGRES_CDC_ON_LAG_E2E=1 $(BIN)/python -m pytest tests/integration/e2e/test_cdc_on_lag.py -q
 
 demo: venv lake-jars
