@@ -6,6 +6,8 @@ the same slot position; a drain with a smaller one then reads a window wholly in
 lake holds. Real PostgreSQL, the drain, the apply job in the suite's Spark session, the ack's
 check and advance: a keyed table and a keyless REPLICA IDENTITY FULL table (identical rows
 included) end equal to the source as multisets, and every change is in each changelog once.
+A re-run of the initial snapshot then is skipped, or refused naming the backfill once its staged
+snapshot is gone: lake tables hold changes from the slot.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.engine.drain import DrainResult, DrainSettings, drain_batch
 from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog
-from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.snapshot import rerun_snapshot, take_snapshot
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.errors import BACKFILL_DAG, SlotExistsError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
 from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
@@ -147,3 +150,12 @@ def test_a_window_read_again_applies_and_logs_each_change_once(
     assert {t: [k for k, n in c.items() if n > 1] for t, c in counts.items()} == {t: [] for t in TABLES}
     assert {t: set(c) for t, c in counts.items()} == everything
     assert all(everything[t] for t in TABLES)
+
+    # The initial snapshot run again now: skipped, the pipeline runs from its slot; with its staged
+    # snapshot gone, refused with the backfill to run (the lake holds changes from the slot).
+    refusal = SlotExistsError(f"replication slot {SLOT!r} already exists")
+    assert rerun_snapshot(dsn, SLOT, str(staging), refusal, lake=lake).action == "skip"
+    for snapshot in staging.glob(f"{SLOT}/snapshot-*"):
+        shutil.rmtree(snapshot)
+    with pytest.raises(SlotExistsError, match=f"lake tables hold changes from it.*{BACKFILL_DAG}"):
+        rerun_snapshot(dsn, SLOT, str(staging), refusal, lake=lake)
