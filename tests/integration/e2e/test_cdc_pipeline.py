@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import psycopg2
 import pytest
 from psycopg2 import sql
 
@@ -49,7 +48,7 @@ def test_snapshot_batches_and_crashes_end_equal(
     lake, lake_conn = make_lake(tmp_path / "lake")
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
     conf = pipeline_conf(SLOT, staging)
-    kill_the_initial_snapshot_twice(pg_cluster, pg_dbname, sandbox, conf, lake, staging)
+    kill_the_initial_snapshot_twice(pg_cluster, sandbox, conf, lake, staging)
     sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()  # the user's re-run: no other step
 
     shop.step()
@@ -102,7 +101,6 @@ def test_snapshot_batches_and_crashes_end_equal(
 
 def kill_the_initial_snapshot_twice(
     pg: PostgresCluster,
-    db: str,
     sandbox: AirflowSandbox,
     conf: dict[str, Any],
     lake: LakeConfig,
@@ -110,30 +108,22 @@ def kill_the_initial_snapshot_twice(
 ) -> None:
     """SIGKILL the initial snapshot's DAG run during its copy, re-run it, and SIGKILL that during its load.
 
-    The copy is held by a lock on one table, so that the kill finds the slot created, its exported
-    snapshot held and nothing staged complete; the load is killed once its first table committed.
+    The copy is killed as soon as its slot is created (persistent, at its consistent point): its
+    exported snapshot is held and nothing is staged complete. The load is killed once its first
+    table committed.
     """
-    slots = sql.SQL("SELECT count(*) FROM pg_replication_slots WHERE slot_name = {}").format(
-        sql.Literal(SLOT)
-    )
-    waiting = sql.SQL(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = {}"
-    ).format(sql.Literal(db))
+    slots = sql.SQL(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = {} AND confirmed_flush_lsn IS NOT NULL"
+    ).format(sql.Literal(SLOT))
     manifests = staging / SLOT
 
     def copying() -> bool:
-        return bool(pg.execute(slots)[0][0]) and bool(pg.execute(waiting)[0][0])
+        return bool(pg.execute(slots)[0][0])
 
     def loading() -> bool:
         return bool(lake_snapshots(lake, SLOT))
 
-    locker = psycopg2.connect(pg.dsn(db))
-    try:
-        with locker.cursor() as cur:
-            cur.execute("LOCK TABLE stock_moves IN ACCESS EXCLUSIVE MODE")
-        assert sandbox.dags_test_killed("postgres_cdc_initial_snapshot", conf, copying) is None
-    finally:
-        locker.close()
+    assert sandbox.dags_test_killed("postgres_cdc_initial_snapshot", conf, copying) is None
     assert pg.execute(slots)[0][0] == 1  # left behind by the dead run, with nothing staged complete
     assert not list(manifests.glob("snapshot-*/_manifest.json"))
     open_catalog(lake)  # the catalog's tables exist before the load's are polled
