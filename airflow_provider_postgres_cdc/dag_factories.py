@@ -71,11 +71,12 @@ def initial_snapshot_dag(
     """Initial load: create the slot with an exported snapshot, copy the published tables, load them.
 
     Run once per pipeline (the CDC DAG continues exactly where it ends). The ``tables`` param
-    (``schema.table`` names) limits the copy; empty: every published table. Re-running a run
-    (cleared, retried) creates nothing: while the slot has not moved past the snapshot it
-    exported, that staged snapshot goes to the load again (tables already loaded are skipped);
-    once the CDC has moved on, the run is skipped. Reloading tables of a running pipeline is the
-    backfill DAG; a lost slot is the recovery DAG.
+    (``schema.table`` names) limits the copy; empty: every published table. A re-run converges
+    wherever the last run died, with no manual step: while the slot has not moved past the snapshot
+    it exported, that staged snapshot goes to the load again (tables already loaded are skipped);
+    a slot left by a copy that died is dropped and the snapshot taken again; once the CDC has moved
+    on, the run is skipped. Reloading tables of a running pipeline is the backfill DAG; a lost slot
+    is the recovery DAG.
     """
     return _snapshot_dag(
         initial_snapshot_dag,
@@ -152,9 +153,10 @@ def recover_slot_dag(
     with an exported snapshot and reloads every published table at its new consistent point, so
     the lake equals the source again and the CDC DAG continues from the new slot without manual
     steps. A healthy slot is refused (reload tables of a running pipeline with the backfill DAG).
-    Pause the CDC DAG while this runs: its runs fail on the lost slot anyway. Re-running a
-    finished recovery changes nothing: its snapshot is handed to the load again only while the
-    new slot has not moved past it, and a table already loaded is skipped.
+    Pause the CDC DAG while this runs: its runs fail on the lost slot anyway. A re-run converges
+    as the initial snapshot's does: a finished recovery's snapshot is handed to the load again
+    only while the new slot has not moved past it (a table already loaded is skipped), and a new
+    slot left by a copy that died is dropped and recreated.
     """
     return _snapshot_dag(recover_slot_dag, dag_id, "recover", locals(), {})
 

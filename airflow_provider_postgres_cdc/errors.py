@@ -92,6 +92,10 @@ class SlotAdvanceError(PostgresCdcError):
     """A slot could not be advanced to the requested position."""
 
 
+class SlotShortOfBatchError(SlotAdvanceError):
+    """The slot would end short of the batch's end: the server's WAL ends before it."""
+
+
 class NameEncodingError(PostgresCdcError):
     """A published name is not valid UTF-8 (possible only in a SQL_ASCII database)."""
 

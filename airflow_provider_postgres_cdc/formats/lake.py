@@ -36,6 +36,9 @@ START_LSN = "pgl.start-lsn"
 END_LSN = "pgl.end-lsn"
 BASE_LSN = "pgl.base-lsn"
 APPLIED_END_LSN = "pgl.applied-end-lsn"
+# Changelog commits: the commit LSN from which this commit logged its table's changes, up to its
+# applied end (changes below it were logged before, or are in the table's snapshot; window.py).
+LOGGED_FROM_LSN = "pgl.logged-from-lsn"
 # The source columns (name, type OID, typmod) of the relation version the commit applied last
 # (schema_changes.encode_columns): the next batch's schema changes are classified against it.
 SOURCE_COLUMNS = "pgl.source-columns"
@@ -410,11 +413,6 @@ def snapshot_at(history: Iterable[tuple[int, Mapping[str, str]]], lsn: Lsn) -> i
                 return pending[0]
             pending.clear()
     return None
-
-
-def batch_committed(history: Iterable[tuple[int, Mapping[str, str]]], slot: str, batch_id: str) -> bool:
-    """Whether a commit of this slot's batch is in the history (the changelog's exactly-once check)."""
-    return any(summary.get(SLOT) == slot and summary.get(BATCH_ID) == batch_id for _, summary in history)
 
 
 def local_lake(root: str, catalog: str = "lake") -> LakeConfig:

@@ -275,10 +275,12 @@ class PostgresCdcHook(BaseHook):
         with self.connection() as conn:
             return replication.slot_lag_bytes(conn, name)
 
-    def advance_slot(self, name: str, lsn: Lsn | str) -> Lsn:
-        """Advance the slot's confirmed position (never backwards); returns the new position."""
+    def advance_slot(self, name: str, lsn: Lsn | str, *, whole: bool = False) -> Lsn:
+        """Advance the slot's confirmed position (never backwards); returns the new position.
+
+        ``whole``: refuse (``SlotShortOfBatchError``) rather than stop short of ``lsn``."""
         with self.connection() as conn:
-            return replication.advance_slot(conn, name, Lsn(lsn))
+            return replication.advance_slot(conn, name, Lsn(lsn), whole=whole)
 
     def drop_slot(self, name: str, *, if_exists: bool = True) -> bool:
         with self.connection() as conn:

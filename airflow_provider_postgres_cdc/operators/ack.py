@@ -26,7 +26,9 @@ class PostgresCdcAckOperator(BaseOperator):
 
     What each lake table holds is read from its Iceberg snapshot summaries with pyiceberg (no
     Spark). Acknowledging twice is harmless (a slot never moves backwards), and so is
-    acknowledging a batch the slot is already past.
+    acknowledging a batch the slot is already past. A slot that would end short of the batch's
+    end (the server's WAL ends before it: the batch came from another server) is refused with
+    ``SlotShortOfBatchError`` and does not move.
 
     :param slot_name: replication slot name (templated).
     :param manifest: URI or path of the batch's ``_manifest.json``, usually the drain's
@@ -92,7 +94,7 @@ class PostgresCdcAckOperator(BaseOperator):
         # Read before the slot moves: nothing after the advance may fail the ack.
         cut = cut_at(lake, manifest.slot, manifest.end_lsn) if manifest.tables else None
         hook = self._get_hook()
-        position = hook.advance_slot(self.slot_name, manifest.end_lsn)
+        position = hook.advance_slot(self.slot_name, manifest.end_lsn, whole=True)
         acked_at = datetime.now(UTC)
         self.log.info("slot %s acknowledged up to %s (batch %s)", self.slot_name, position, manifest.batch_id)
         lag_bytes = self._lag_bytes(hook)

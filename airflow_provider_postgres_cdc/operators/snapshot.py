@@ -14,7 +14,8 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_postgres_cdc.engine.choices import COPY_ENGINES, SLOT_MODES, CopyEngine, SlotMode
-from airflow_provider_postgres_cdc.errors import BACKFILL, SlotExistsError
+from airflow_provider_postgres_cdc.errors import SlotExistsError
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
@@ -48,10 +49,14 @@ class PostgresCdcSnapshotOperator(BaseOperator):
 
     On failure the slot this run created and its staged files are removed, so a retry starts
     clean. A re-run of an initial or recovery snapshot whose slot exists (a cleared or retried
-    past run) creates nothing: while the slot has not moved past the snapshot that slot exported,
+    past run, or one whose worker was killed) converges wherever the last run died
+    (``engine/snapshot/rerun.py``): while the slot has not moved past the snapshot it exported,
     that staged snapshot is returned again, so its load resumes (a table already loaded is
-    skipped); once the pipeline has moved on, the task is skipped. ``recreate_slot`` instead
-    drops the slot and starts over. Returns (XCom) the manifest's URI and a small summary.
+    skipped); once the pipeline has moved on, the task is skipped; a slot with no staged snapshot
+    from which no lake table holds changes (the copy died) is dropped and the snapshot taken
+    again. Only where lake tables hold changes from the slot and no snapshot of it is staged is
+    the re-run refused, naming the backfill. ``recreate_slot`` instead drops the slot and starts
+    over. Returns (XCom) the manifest's URI and a small summary.
 
     :param slot_name: replication slot to create. (templated)
     :param publications: publication name or names whose tables are copied. (templated)
@@ -89,8 +94,9 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         The local engine writes with it; the Spark engine's executors write through Hadoop's
         ``s3a`` with its endpoint and keys (the secret in the job's private properties file).
     :param lake_conn_id: the lake's connection: every published table's lake names are checked
-        against its name rule before a slot is created (docs/LAKE.md, "Names"); ``None`` checks
-        nothing (templated).
+        against its name rule before a slot is created (docs/LAKE.md, "Names"), and a re-run whose
+        slot exists asks it whether anything was loaded from the slot; ``None`` checks nothing, and
+        such a re-run is refused unless a snapshot of the slot is staged (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -164,37 +170,38 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         check_choice("copy_engine", self.copy_engine, COPY_ENGINES)
         check_choice("slot_mode", self.slot_mode, SLOT_MODES)
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
-        hook = self._get_hook()
+        params = self._get_hook().connection_params()
         try:
-            return self._snapshot(hook.connection_params(), publications)
+            return self._snapshot(params, publications)
         except SlotExistsError as exc:
             if self.slot_mode == "temporary" or self.recreate_slot:
                 raise
-            return self._rerun(hook, exc)
+            return self._rerun(params, publications, exc)
 
     def _get_hook(self) -> PostgresCdcHook:
         return PostgresCdcHook(self.postgres_conn_id)
 
-    def _rerun(self, hook: PostgresCdcHook, exc: SlotExistsError) -> dict[str, Any]:
-        """The slot exists: hand its own staged snapshot to the load again, or skip (see class doc)."""
-        from airflow_provider_postgres_cdc.engine.snapshot import staged_snapshot
+    def _rerun(self, params: dict[str, Any], publications: list[str], exc: SlotExistsError) -> dict[str, Any]:
+        """The slot exists: resume its staged snapshot's load, skip, or start over (see class doc)."""
+        from airflow_provider_postgres_cdc.engine.snapshot import rerun_snapshot
 
-        staged = staged_snapshot(self.staging, self.slot_name, staging_options(self.staging_conn_id))
-        if staged is None:
-            raise exc
-        uri, manifest = staged
-        confirmed = hook.describe_slot(self.slot_name).confirmed_flush_lsn
-        if confirmed is not None and confirmed > manifest.end_lsn:
-            raise AirflowSkipException(
-                f"slot {self.slot_name} exists and has consumed changes up to {confirmed}, past its "
-                f"snapshot {manifest.batch_id}: the pipeline runs from there, so this re-run has nothing to "
-                f"do (to reload tables, re-snapshot them with {BACKFILL})"
-            )
-        self.log.warning(
-            "slot %s exists and has not moved past its staged snapshot %s: handing that snapshot to the "
-            "load again (tables already loaded are skipped)", self.slot_name, uri,
-        )  # fmt: skip
-        return summarize(uri, manifest)
+        rerun = rerun_snapshot(
+            params,
+            self.slot_name,
+            self.staging,
+            exc,
+            lake=self._lake(),
+            staging_options=staging_options(self.staging_conn_id),
+        )
+        if rerun.action == "skip":
+            raise AirflowSkipException(rerun.reason)
+        self.log.warning("%s", rerun.reason)
+        if rerun.staged is not None:
+            return summarize(*rerun.staged)
+        return self._snapshot(params, publications)
+
+    def _lake(self) -> LakeConfig | None:
+        return PostgresCdcLakeHook(self.lake_conn_id).get_conn() if self.lake_conn_id else None
 
     def _snapshot(self, params: dict[str, Any], publications: list[str]) -> dict[str, Any]:
         # The engine (pyarrow) loads when the task runs, not when its DAG is parsed.
@@ -220,7 +227,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             parallelism=self.parallelism or DEFAULT_PARALLELISM,
             range_bytes=self.range_bytes or DEFAULT_RANGE_BYTES,
             min_range_bytes=self.min_range_bytes or DEFAULT_MIN_RANGE_BYTES,
-            lake=PostgresCdcLakeHook(self.lake_conn_id).get_conn() if self.lake_conn_id else None,
+            lake=self._lake(),
         ) as run:
             if self.copy_engine == "spark":
                 copies = self._copy_with_spark(run, params)

@@ -26,7 +26,11 @@ from airflow_provider_postgres_cdc.errors import (
 )
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication.features import FAILOVER_SLOTS, FEATURES, STANDBY_DECODING
-from airflow_provider_postgres_cdc.replication.slots import SlotInfo, describe_slot, invalidation_message
+from airflow_provider_postgres_cdc.replication.slots import (
+    SlotInfo,
+    describe_slot,
+    invalidation_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -201,13 +205,6 @@ def inspect_failover(conn: Any, slot_name: str | None = None) -> FailoverReport:
 # ---------------------------------------------------------------------------- the drain's window
 
 
-# On a hot standby (PostgreSQL 16+ decodes there) the WAL that can be decoded is what was replayed.
-_FLUSHED_SQL = (
-    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-    "ELSE pg_current_wal_flush_lsn() END)::text"
-)
-
-
 # The standbys a failover slot must not get ahead of: the physical slots named in
 # synchronized_standby_slots (PostgreSQL 17+; NULL before), their flushed positions, and how many
 # of them are missing or never connected.
@@ -239,13 +236,6 @@ def standbys_flushed(conn: Any, start: Lsn) -> Lsn | None:
         )
         return start
     return Lsn.parse(flushed)
-
-
-def decodable_end(conn: Any) -> Lsn:
-    """The end of the WAL a slot can decode now: flushed on a primary, replayed on a standby."""
-    with conn.cursor() as cur:
-        cur.execute(_FLUSHED_SQL)
-        return Lsn.parse(cur.fetchone()[0])
 
 
 def require_standby_feedback(conn: Any, slot: str) -> None:

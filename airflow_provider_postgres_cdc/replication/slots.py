@@ -24,6 +24,7 @@ from airflow_provider_postgres_cdc.errors import (
     SlotExistsError,
     SlotLostError,
     SlotNotFoundError,
+    SlotShortOfBatchError,
 )
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication.features import FAILOVER_SLOTS, require
@@ -266,19 +267,36 @@ def slot_lag_bytes(conn: Any, name: str) -> int:
     return lag
 
 
-def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
+# On a hot standby (PostgreSQL 16+ decodes there) the WAL that can be decoded is what was replayed.
+_DECODABLE_END_SQL = (
+    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+    "ELSE pg_current_wal_flush_lsn() END)::text"
+)
+
+
+def decodable_end(conn: Any) -> Lsn:
+    """The end of the WAL a slot can decode now: flushed on a primary, replayed on a standby."""
+    with conn.cursor() as cur:
+        cur.execute(_DECODABLE_END_SQL)
+        return Lsn.parse(cur.fetchone()[0])
+
+
+def advance_slot(conn: Any, name: str, lsn: Lsn, *, whole: bool = False) -> Lsn:
     """Move the slot's confirmed position forward to ``lsn`` and return where it now stands.
 
     A target at or behind the current position changes nothing (advancing is idempotent,
-    and a slot never moves backwards). PostgreSQL stops at the WAL flushed so far, so the
-    returned position may be short of a target beyond it. Refuses lost and active slots
-    with specific errors.
+    and a slot never moves backwards). PostgreSQL stops at the WAL flushed so far (replayed, on a
+    standby), so the returned position may be short of a target beyond it; with ``whole`` (the
+    ack of a batch ending at ``lsn``) that is refused with :class:`SlotShortOfBatchError` before
+    the slot moves. Refuses lost and active slots with specific errors.
     """
     slot = describe_slot(conn, name)
     if slot.invalidated:
         raise SlotLostError(invalidation_message(slot))
     if slot.confirmed_flush_lsn is not None and lsn <= slot.confirmed_flush_lsn:
         return slot.confirmed_flush_lsn
+    if whole:
+        _refuse_short(name, lsn, decodable_end(conn))
     try:
         with conn.cursor() as cur:
             cur.execute(
@@ -292,7 +310,29 @@ def advance_slot(conn: Any, name: str, lsn: Lsn) -> Lsn:
         ) from exc
     except psycopg2.Error as exc:
         raise SlotAdvanceError(f"could not advance slot {name!r} to {lsn}: {exc.pgerror or exc}") from exc
-    return Lsn.parse(end_lsn)
+    position = Lsn.parse(end_lsn)
+    if whole:
+        _refuse_short(name, lsn, position)
+    return position
+
+
+def _refuse_short(name: str, batch_end: Lsn, reachable: Lsn) -> None:
+    """Refuse an ack whose slot would stop at ``reachable``, before the end of its batch.
+
+    The batch was read from WAL this server does not have: another server (a primary that died
+    before its standby received its last transactions), so the lake holds changes this one never
+    had, and moving the slot to where its WAL ends would skip the transactions it writes there next.
+    """
+    if reachable >= batch_end:
+        return
+    raise SlotShortOfBatchError(
+        f"slot {name!r} would end at {reachable}, short of the batch's end {batch_end}: this server's "
+        "WAL ends before the batch does, so the batch was drained from another server (a primary "
+        "that died before this standby received its last transactions?) and the lake holds changes "
+        "this server never had. The slot is not acknowledged. Point the connection at the server the "
+        "batch was drained from; if that server is gone, the lake must be reloaded from this one: "
+        f"drop the slot (SELECT pg_drop_replication_slot('{name}')) and run {RECOVERY}"
+    )
 
 
 DRAIN_LOCK_GRACE_SECONDS = 5.0

@@ -7,9 +7,10 @@
 The catalog itself is configured the Spark way (``spark.sql.catalog.<name>.*``; the apply operator
 passes them from its lake connection). Per table, one Iceberg commit applies the batch and records
 it in the snapshot summary (docs/LAKE.md): a snapshot load creates or overwrites the table, a batch
-is reduced to its net effect per key and merged with one ``MERGE INTO``. Each change of a batch is
-appended once to the table's changelog table. Before any of this, the run's tables are registered
-in the slot's index, through which the cut, the ack and maintenance find the pipeline's tables.
+is reduced to its net effect per key and merged with one ``MERGE INTO``. A table and its changelog
+take each change once, whatever window of the stream it was staged in (``formats/window.py``).
+Before any of this, the run's tables are registered in the slot's index, through which the cut,
+the ack and maintenance find the pipeline's tables.
 Once every table of the batch has committed, every table of the pipeline is tagged
 ``pgl_<end LSN>``: a consistent cut across tables.
 
@@ -39,6 +40,7 @@ from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling
 from airflow_provider_postgres_cdc.formats.schema_changes import SourceColumn, encode_columns
+from airflow_provider_postgres_cdc.formats.window import Window, changelog_window, table_window
 from airflow_provider_postgres_cdc.spark import multiset
 from airflow_provider_postgres_cdc.spark.changes import (
     COMMIT_LSN,
@@ -128,9 +130,10 @@ class ApplyJob:
         *,
         started: float,
         counts: Mapping[str, int] | None = None,
+        logged_from: Lsn | None = None,
     ) -> dict[str, str]:
         """The commit's summary: the batch and LSNs, and what it applied (``counts`` by staged
-        operation, from ``started``, an epoch time)."""
+        operation, from ``started``, an epoch time; a changelog's, from ``logged_from`` on)."""
         m = self.manifest
         summary = lake.commit_summary(
             slot=m.slot, kind=m.kind, batch_id=m.batch_id, start_lsn=m.start_lsn, end_lsn=m.end_lsn,
@@ -140,6 +143,8 @@ class ApplyJob:
         summary.update(lake.applied_summary(batch_counts, int(started * 1000), m.stats.newest_commit_time))
         if source_columns is not None:
             summary[lake.SOURCE_COLUMNS] = source_columns
+        if logged_from is not None:
+            summary[lake.LOGGED_FROM_LSN] = str(logged_from)
         return summary
 
     def _staged(self, spec: TableManifest) -> DataFrame | None:
@@ -235,30 +240,36 @@ class ApplyJob:
         """Merge one table's changes of a batch in one commit, after appending them to its changelog.
 
         The schema is evolved first (a refused type change leaves no trace), then the changelog is
-        appended and the merge made; each checks the table's history first, so a re-run after a
-        crash between them does neither twice. The merge goes to a branch opened at the snapshot
-        the state was read from and main is fast-forwarded to it: a commit made since (a racing
-        load) makes the step redo. Changes below the table's base LSN are already in its snapshot
-        and are skipped: a snapshot at consistent point S holds exactly the transactions whose
-        commit record starts below S.
+        appended and the merge made. Each takes only the changes it does not hold yet, by commit
+        LSN (``formats/window.py``): those below the table's base LSN are in its snapshot (a
+        snapshot at consistent point S holds exactly the transactions whose commit record starts
+        below S), those below its applied end are merged already, those below its changelog's
+        logged end are logged already. So a re-run after a crash between them does neither twice,
+        and a window read again with another end (lost staging, a lagging failover slot) applies
+        exactly the rest. The merge goes to a branch opened at the snapshot the state was read
+        from and main is fast-forwarded to it: a commit made since (a racing load) makes the step
+        redo.
         """
         started, begun = time.monotonic(), time.time()
         identifier = self.tables.config.identifier(spec.schema, spec.table)
         table = self.tables.java_table(identifier)
         state = self.tables.state(table)
         end = self.manifest.end_lsn
-        if state is not None and end <= state.applied_end_lsn:
+        window = table_window(end, state)
+        if window.empty:
             return TableResult(spec.qualified, "skipped")
         base = state.base_lsn if state is not None else ZERO
-        steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, base)
-        staged = self._live_changes(spec, base)
+        steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, window.start)
+        staged = self._live_changes(spec, window.start)
         if staged is None:
             if table is not None:
                 summary = self.summary(base, end, steps.source_columns, started=begun)
                 self.tables.record(table, summary, _snapshot_id(table))
             return TableResult(spec.qualified, "applied")
         staged = steps.fill_staged(staged, self.spark)
-        changes = materialize(staged.where(sf.col(COMMIT_LSN) >= int(base)))
+        logging_window = self._changelog_window(spec, base)
+        candidates = materialize(_within(staged, Window(min(window.start, logging_window.start), end)))
+        changes = _within(candidates, window)
         counts = {str(row[0]): int(row[1]) for row in changes.groupBy(OP).count().collect()}
         count = sum(counts.values())
         columns = _table_columns(changes)
@@ -272,7 +283,7 @@ class ApplyJob:
         read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
         lake_columns = self.tables.schema(identifier).fieldNames()
         self.tables.evolve(identifier, columns)
-        self._append_changelog(spec, changes)
+        self._append_changelog(spec, candidates, logging_window)
         target = self.tables.name(identifier)
         if read_snapshot is not None:
             self.tables.open_branch(table, read_snapshot)
@@ -317,33 +328,39 @@ class ApplyJob:
                 "without those values, and the lake holds no earlier copy of the row",
             )  # fmt: skip
 
-    def _live_changes(self, spec: TableManifest, base: Lsn) -> DataFrame | None:
-        """The staged changes, leaving out files that hold only changes below the base LSN when
-        their columns conflict (a type change a later re-snapshot already covers)."""
+    def _live_changes(self, spec: TableManifest, held: Lsn) -> DataFrame | None:
+        """The staged changes, leaving out files that hold only changes the table holds (below
+        ``held``) when their columns conflict (a type change a later re-snapshot already covers)."""
         paths = [f"{self.base_dir}/{f}" for f in spec.files]
         if not paths:
             return None
         try:
             return read_staged(self.spark, spec.qualified, paths)
         except SchemaConflictError:
-            live = files_reaching(self.spark, paths, int(base))
+            live = files_reaching(self.spark, paths, int(held))
             if len(live) == len(paths):
                 raise
             log.info(
-                "%s: %d staged file(s) hold only changes below its base LSN",
+                "%s: %d staged file(s) hold only changes the table holds already",
                 spec.qualified,
                 len(paths) - len(live),
             )
             return read_staged(self.spark, spec.qualified, live) if live else None
 
-    def _append_changelog(self, spec: TableManifest, changes: DataFrame) -> None:
-        changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
-        table = self.tables.java_table(changelog)
-        m = self.manifest
-        if table is not None and lake.batch_committed(self.tables.history(table), m.slot, m.batch_id):
+    def _changelog_window(self, spec: TableManifest, base: Lsn) -> Window:
+        """The batch's changes the table's changelog has not logged (``formats/window.py``)."""
+        changelog = self.tables.java_table(self.tables.config.changelog_identifier(spec.schema, spec.table))
+        history = self.tables.history(changelog) if changelog is not None else ()
+        return changelog_window(self.manifest.end_lsn, base, history)
+
+    def _append_changelog(self, spec: TableManifest, candidates: DataFrame, window: Window) -> None:
+        """Log the changes of ``window``, recording the range in the commit (none when it is empty)."""
+        if window.empty:
             return
-        rows = changes.withColumn(BATCH_ID_COLUMN, sf.lit(m.batch_id))
-        self.tables.append(changelog, rows, self.summary(ZERO, m.end_lsn, started=time.time()))
+        m = self.manifest
+        rows = _within(candidates, window).withColumn(BATCH_ID_COLUMN, sf.lit(m.batch_id))
+        summary = self.summary(ZERO, m.end_lsn, started=time.time(), logged_from=window.start)
+        self.tables.append(self.tables.config.changelog_identifier(spec.schema, spec.table), rows, summary)
 
     # ----------------------------------------------------------------------------------- run
 
@@ -409,6 +426,12 @@ class ApplyJob:
                 return
         created = self.tables.tag_cut(m.slot, m.end_lsn)
         log.info("cut %s at %s: %d tag(s) created", lake.tag_name(m.end_lsn), m.end_lsn, created)
+
+
+def _within(changes: DataFrame, window: Window) -> DataFrame:
+    """The changes whose commit LSN is in ``window``."""
+    lsn = sf.col(COMMIT_LSN)
+    return changes.where((lsn >= int(window.start)) & (lsn < int(window.end)))
 
 
 def apply_manifest(

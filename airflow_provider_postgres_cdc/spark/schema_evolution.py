@@ -118,18 +118,18 @@ class SchemaSteps:
 
 
 def _live_versions(
-    spark: SparkSession, base_dir: str, spec: TableManifest, base: Lsn, start: Lsn
+    spark: SparkSession, base_dir: str, spec: TableManifest, held: Lsn, start: Lsn
 ) -> list[int]:
-    """Indexes of the relation versions with a change at or above ``base`` (the rest is in the snapshot).
+    """Indexes of the relation versions with a change at or above ``held`` (the rest is in the table).
 
-    Every change of a batch commits at or above its start LSN: when that is at or above the base
-    (a batch not straddling the table's snapshot), every version is live without reading a file.
+    Every change of a batch commits at or above its start LSN: when that is at or above ``held``
+    (a batch that starts where the table ends), every version is live without reading a file.
     """
-    if base <= start:
+    if held <= start:
         return list(range(len(spec.versions)))
     live = []
     for index, version in enumerate(spec.versions):
-        if files_reaching(spark, [f"{base_dir}/{f}" for f in version.files], int(base)):
+        if files_reaching(spark, [f"{base_dir}/{f}" for f in version.files], int(held)):
             live.append(index)
     return live
 
@@ -140,10 +140,14 @@ def plan_schema_changes(
     manifest: Manifest,
     spec: TableManifest,
     state: TableState | None,
-    base: Lsn,
+    held: Lsn,
 ) -> SchemaSteps:
     """Classify the batch's relation versions against the lake's last ones; raise when only a
-    re-snapshot can tell the rows' values (:class:`ResnapshotNeededError`, naming the command)."""
+    re-snapshot can tell the rows' values (:class:`ResnapshotNeededError`, naming the command).
+
+    ``held``: the table holds every change below it already (its snapshot, batches applied), so
+    only the versions of changes at or above it count.
+    """
     slot, start = manifest.slot, manifest.start_lsn
     previous_text = state.source_columns if state is not None else None
     if not spec.versions:  # a manifest from before relation versions were recorded
@@ -151,10 +155,10 @@ def plan_schema_changes(
     previous = decode_columns(previous_text) if previous_text else None
     indexes = list(range(len(spec.versions)))
     result: Plan = plan(previous, [v.columns for v in spec.versions], spec.catalog)
-    if result.problem is not None or result.fills or base > start:
-        # Versions whose changes are all below the base LSN are in the table's snapshot already
-        # (and must not be recorded as the last applied one: the snapshot's columns are newer).
-        indexes = _live_versions(spark, base_dir, spec, base, start)
+    if result.problem is not None or result.fills or held > start:
+        # Versions whose changes are all below ``held`` are in the table already (and must not be
+        # recorded as the last applied one: the snapshot's or the applied batch's columns are newer).
+        indexes = _live_versions(spark, base_dir, spec, held, start)
         result = plan(previous, [spec.versions[i].columns for i in indexes], spec.catalog)
     if result.problem is not None:
         problem = f"{result.problem}. The stream cannot show what this did to the rows already in the table"

@@ -8,17 +8,24 @@ past run), :meth:`AirflowSandbox.services` starts it (see :mod:`.airflow_service
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_postgres_cdc.testing.airflow_home import AirflowHome
 from airflow_provider_postgres_cdc.testing.airflow_runs import SchedulerResult
 from airflow_provider_postgres_cdc.testing.airflow_services import AirflowServices
+from airflow_provider_postgres_cdc.testing.processes import terminate_process_groups
 
 __all__ = ["AirflowSandbox", "AssetEventRecord", "DagRunResult"]
 
@@ -102,6 +109,41 @@ class AirflowSandbox(AirflowHome):
         started = time.monotonic()
         result = self.airflow(*args, timeout=timeout, on_line=on_line)
         return DagRunResult(dag_id, result.returncode, result.stdout, time.monotonic() - started)
+
+    def dags_test_killed(
+        self,
+        dag_id: str,
+        conf: Mapping[str, object] | None,
+        when: Callable[[], bool],
+        *,
+        timeout: float = 600,
+    ) -> DagRunResult | None:
+        """``airflow dags test`` SIGKILLed, with its process group (its tasks, their spark-submit),
+        as soon as ``when()`` is true (polled every 0.1 s): a worker machine lost mid-run.
+
+        Returns None once killed, or the run's result when it ended first.
+        """
+        self.migrate()
+        airflow = str(Path(sys.executable).with_name("airflow"))
+        args = [airflow, "dags", "test", dag_id, *(["--conf", json.dumps(conf)] if conf else [])]
+        started = time.monotonic()
+        with tempfile.TemporaryFile() as output:
+            process = subprocess.Popen(
+                args, env=self.environment(), stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                while process.poll() is None and time.monotonic() - started < timeout:
+                    if when():
+                        os.killpg(process.pid, signal.SIGKILL)  # no SIGTERM: nothing gets to clean up
+                        process.wait()
+                        return None
+                    time.sleep(0.1)
+            finally:
+                if process.poll() is None:
+                    terminate_process_groups([process], grace=0)
+            output.seek(0)
+            text = output.read().decode("utf-8", "replace")
+        return DagRunResult(dag_id, process.returncode, text, time.monotonic() - started)
 
     def dags_test_at(
         self,

@@ -159,6 +159,20 @@ class PostgresStandby(PostgresCluster):
             time.sleep(0.2)
         return True
 
+    def hold_slot_sync(self, timeout: float = 30.0) -> None:
+        """Stop synchronizing slots here: the copies stay where they are from now on.
+
+        As when the primary's last acknowledgements never reached this standby before a failover:
+        ``sync_replication_slots`` is turned off and the slot sync worker waited for until it
+        exits. The copies already sync-ready survive a promotion.
+        """
+        self.execute("ALTER SYSTEM SET sync_replication_slots = off")
+        self.execute("SELECT pg_reload_conf()")
+        self.wait_for(
+            "SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'slotsync worker'",
+            timeout=timeout,
+        )
+
     def promote(self, timeout: int = 60) -> None:
         """``pg_ctl promote``: end recovery; this server then accepts writes on a new timeline."""
         self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-w", "-t", str(timeout), "promote"])

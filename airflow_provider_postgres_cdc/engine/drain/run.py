@@ -29,11 +29,10 @@ from airflow_provider_postgres_cdc.replication import (
 from airflow_provider_postgres_cdc.replication.connection import ConnParams
 from airflow_provider_postgres_cdc.replication.failover import (
     check_not_promoted,
-    decodable_end,
     require_standby_feedback,
     standbys_flushed,
 )
-from airflow_provider_postgres_cdc.replication.slots import SlotInfo, invalidation_message
+from airflow_provider_postgres_cdc.replication.slots import SlotInfo, decodable_end, invalidation_message
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,8 @@ share them. Nothing here imports Airflow. One job per module:
 * ``run``: :class:`SnapshotRun`, the orchestration (slot modes, the holder connection, progress,
   the manifest, cleanup after a failure); :func:`take_snapshot` does a whole local run and
   :func:`staged_snapshot` finds one already staged.
+* ``rerun``: what a re-run of an initial or recovery snapshot whose slot exists does
+  (:func:`rerun_snapshot`: resume the staged snapshot's load, skip, or drop the unused slot).
 * ``slot_modes``: where the snapshot's slot comes from (:data:`SLOT_MODES`: create, a temporary
   slot beside the pipeline's, recover) and undoing the slot of a failed run.
 * ``exported``: how a connection joins the exported snapshot (:func:`import_snapshot`, the
@@ -38,6 +40,7 @@ from airflow_provider_postgres_cdc.engine.snapshot.plan import (
     TableCopy,
     TablePlan,
 )
+from airflow_provider_postgres_cdc.engine.snapshot.rerun import Rerun, rerun_snapshot
 from airflow_provider_postgres_cdc.engine.snapshot.run import (
     SnapshotProgress,
     SnapshotRun,
@@ -66,6 +69,7 @@ __all__ = [
     "SPARK_JOB_PATH",
     "SPARK_PASSWORD_ENV",
     "ColumnPlan",
+    "Rerun",
     "RowSecurityError",
     "RowTooLargeError",
     "SlotMode",
@@ -78,6 +82,7 @@ __all__ = [
     "decode_copy_text",
     "import_snapshot",
     "jdbc_connection",
+    "rerun_snapshot",
     "staged_snapshot",
     "take_snapshot",
     "temporary_slot_name",

@@ -1,27 +1,31 @@
 """The whole product: snapshot, CDC runs, crashes at the worst moments, and a lake equal to its source.
 
 Real PostgreSQL, real ``airflow dags test`` on the example DAGs, real ``spark-submit`` in local
-mode. The crash is produced by running the pipeline's own steps partway, exactly as a killed
-worker leaves them: a batch applied but not acknowledged. The next scheduled run must converge,
-with every change in the changelog once. (A batch applied to some tables only is the crash of
-test_rest_lake.py, the same pipeline on a REST catalog and S3.)
+mode. The initial snapshot's DAG run is SIGKILLed with its worker during its copy, then during its
+load, and simply run again. The CDC crash is produced by running the pipeline's own steps partway,
+exactly as a killed worker leaves them: a batch applied but not acknowledged. The next run must
+converge, with every change in the changelog once. (A batch applied to some tables only is the
+crash of test_rest_lake.py, the same pipeline on a REST catalog and S3.)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from psycopg2 import sql
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
-from airflow_provider_postgres_cdc.engine.lake_catalog import latest_cut
+from airflow_provider_postgres_cdc.engine.lake_catalog import latest_cut, open_catalog
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
-from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 from tests.integration.e2e.e2e_support import assert_changelog_exactly_once as changelog_exactly_once
 from tests.integration.e2e.e2e_support import (
+    lake_snapshots,
     lake_state,
     make_lake,
     pipeline_conf,
@@ -45,7 +49,8 @@ def test_snapshot_batches_and_crashes_end_equal(
     lake, lake_conn = make_lake(tmp_path / "lake")
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
     conf = pipeline_conf(SLOT, staging)
-    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
+    kill_the_initial_snapshot_twice(pg_cluster, sandbox, conf, lake, staging)
+    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()  # the user's re-run: no other step
 
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
@@ -86,6 +91,38 @@ def test_snapshot_batches_and_crashes_end_equal(
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     results = compare_tables(dsn, [PUBLICATION], lake)
     assert all(r.equal for r in results), format_report(results)
+
+
+def kill_the_initial_snapshot_twice(
+    pg: PostgresCluster,
+    sandbox: AirflowSandbox,
+    conf: dict[str, Any],
+    lake: LakeConfig,
+    staging: Path,
+) -> None:
+    """SIGKILL the initial snapshot's DAG run during its copy, re-run it, and SIGKILL that during its load.
+
+    The copy is killed as soon as its slot is created (persistent, at its consistent point): its
+    exported snapshot is held and nothing is staged complete. The load is killed once its first
+    table committed.
+    """
+    slots = sql.SQL(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = {} AND confirmed_flush_lsn IS NOT NULL"
+    ).format(sql.Literal(SLOT))
+    manifests = staging / SLOT
+
+    def copying() -> bool:
+        return bool(pg.execute(slots)[0][0])
+
+    def loading() -> bool:
+        return bool(lake_snapshots(lake, SLOT))
+
+    assert sandbox.dags_test_killed("postgres_cdc_initial_snapshot", conf, copying) is None
+    assert pg.execute(slots)[0][0] == 1  # left behind by the dead run, with nothing staged complete
+    assert not list(manifests.glob("snapshot-*/_manifest.json"))
+    open_catalog(lake)  # the catalog's tables exist before the load's are polled
+    assert sandbox.dags_test_killed("postgres_cdc_initial_snapshot", conf, loading) is None
+    assert len(list(manifests.glob("snapshot-*/_manifest.json"))) == 1
 
 
 def assert_changelog_exactly_once(lake: LakeConfig, staging: Path) -> None:

@@ -15,6 +15,6 @@ def acknowledge(dsn: str, slot: str, lake: LakeConfig, manifest: Manifest) -> No
         raise AssertionError(f"the ack found batch {manifest.batch_id} unapplied for {missing}")
     conn = connect(dsn)
     try:
-        advance_slot(conn, slot, manifest.end_lsn)
+        advance_slot(conn, slot, manifest.end_lsn, whole=True)
     finally:
         conn.close()

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
-from airflow_provider_postgres_cdc.errors import BatchNotAppliedError, ManifestSlotMismatchError
+from airflow_provider_postgres_cdc.engine.staging import StagingLocation
+from airflow_provider_postgres_cdc.errors import (
+    BatchNotAppliedError,
+    ManifestSlotMismatchError,
+    SlotShortOfBatchError,
+)
 from airflow_provider_postgres_cdc.formats.lake import local_lake
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
 from airflow_provider_postgres_cdc.replication import connect, create_slot, describe_slot
@@ -65,3 +72,21 @@ def test_empty_batch_is_acknowledged_without_a_commit(
     assert describe_slot(conn, "cdc").confirmed_flush_lsn == batch.manifest.end_lsn
     conn.close()
     assert result["confirmed_flush_lsn"] == str(batch.manifest.end_lsn)
+
+
+def test_a_slot_that_would_end_short_of_the_batch_is_refused_and_stays(
+    pg_cluster: PostgresCluster, pg_dbname: str, source: str, tmp_path: Path
+) -> None:
+    """A batch ending past this server's WAL (drained from a primary that died before its standby
+    had everything) must not leave the slot short of what the lake holds."""
+    pg_cluster.execute("INSERT INTO other SELECT generate_series(1, 10)", pg_dbname)
+    batch = drain_batch(source, DrainSettings("cdc", ("pub",), str(tmp_path / "staging")))
+    elsewhere = replace(batch.manifest, end_lsn=Lsn(batch.manifest.end_lsn + (1 << 30)))
+    batch_dir = str(tmp_path / "staging" / "cdc" / batch.manifest.batch_id)
+    uri = StagingLocation.resolve(str(tmp_path / "staging")).write_manifest(batch_dir, elsewhere)
+    conn = connect(source)
+    before = describe_slot(conn, "cdc").confirmed_flush_lsn
+    with pytest.raises(SlotShortOfBatchError, match=r"short of the batch's end .*postgres_cdc_recover_slot"):
+        _ack("cdc", uri).execute({})  # type: ignore[arg-type]
+    assert describe_slot(conn, "cdc").confirmed_flush_lsn == before
+    conn.close()

@@ -7,7 +7,10 @@ its own process, the apply job submitted with ``spark-submit`` (as the operator 
 its process group SIGKILLed, ``airflow dags test`` of the CDC DAG SIGKILLed with its tasks and
 spark-submit, an apply whose ack never ran, an apply run twice, and a re-snapshot of one table
 from a temporary slot racing the CDC apply. Recovery is what a user does: run the round (drain,
-apply, ack) again.
+apply, ack) again. Two more kinds (``LATER_CRASHES``) draw from a random source of their own: a
+batch applied and not acknowledged whose staging is lost, so that the next drain reads a longer
+window from the same slot position; and the initial snapshot SIGKILLed during its copy (its own
+process) or its load (the spark-submit job), then simply run again.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +28,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from random import Random
 
@@ -35,9 +39,9 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.engine.drain import DrainSettings, Transport, drain_batch
 from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog, unapplied_tables
-from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.engine.snapshot import rerun_snapshot, take_snapshot
 from airflow_provider_postgres_cdc.engine.staging import read_manifest
-from airflow_provider_postgres_cdc.errors import ResnapshotNeededError, SlotActiveError
+from airflow_provider_postgres_cdc.errors import ResnapshotNeededError, SlotActiveError, SlotExistsError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
@@ -52,6 +56,11 @@ from tests.integration.fidelity.workload import Transaction
 
 SLOT = "soak"
 CRASHES = ["drain_kill", "apply_kill", "dag_kill", "ack_lost", "apply_twice", "resnapshot_race"]
+# Drawn from the seed's fault source (``SoakPipeline.faults``), so each seed keeps what it drew of
+# CRASHES: a CDC round's crash is "staging_lost" one time in len(CRASHES) + 1, and the initial
+# snapshot is killed half the time, during its copy or its load.
+LATER_CRASHES = ["staging_lost", "snapshot_kill_copy", "snapshot_kill_load"]
+SHORT_WINDOWS = [10, 50, 200]  # max_messages of the drain whose staging is lost
 TRANSPORTS: list[Transport] = ["peek", "stream"]  # each drain picks one: SQL peek, or protocol 2 streaming
 # The peek's first call, drawn per drain: small ones split even a soak batch into several calls.
 FIRST_PEEK_CALLS = [20, 200, peek_calls.FIRST_CALL_MESSAGES]
@@ -69,6 +78,13 @@ settings = DrainSettings(
     args["slot"], (args["publication"],), args["staging"], transport=args["transport"], chunk_bytes=4096
 )
 drain_batch(args["dsn"], settings)
+"""
+# The initial snapshot's copy, run in its own process so that it can be SIGKILLed mid-copy.
+SNAPSHOT_SCRIPT = """
+import json, sys
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+args = json.loads(sys.argv[1])
+take_snapshot(args["dsn"], args["slot"], [args["publication"]], args["staging"])
 """
 
 
@@ -136,6 +152,7 @@ class SoakPipeline:
     rng: Random
     sandbox: AirflowSandbox  # for the DAG run that ``dag_kill`` kills; its connections are set here
     source_uri: str
+    faults: Random  # the LATER_CRASHES' own random source
     lake: LakeConfig = field(init=False)
     staging: Path = field(init=False)
     crashes: list[str] = field(default_factory=list)
@@ -158,18 +175,32 @@ class SoakPipeline:
     # --- the pipeline's steps -------------------------------------------------------------------
 
     def snapshot(self) -> None:
-        path, _ = take_snapshot(self.dsn, SLOT, [self.publication], str(self.staging))
-        apply_manifest(self.spark, path, self.lake)
+        """The initial snapshot DAG: its copy, then its load (a re-run converges whatever died)."""
+        apply_manifest(self.spark, self.snapshot_copy(), self.lake)
         self.audit("snapshot")
 
-    def drain(self) -> tuple[Manifest, str]:
+    def snapshot_copy(self) -> str:
+        """The snapshot task, as the operator runs it again when its slot exists; the manifest's URI."""
+        try:
+            return take_snapshot(self.dsn, SLOT, [self.publication], str(self.staging))[0]
+        except SlotExistsError as exc:
+            rerun = rerun_snapshot(self.dsn, SLOT, str(self.staging), exc, lake=self.lake)
+        if rerun.staged is not None:
+            return rerun.staged[0]
+        assert rerun.action == "restart", rerun.reason
+        return take_snapshot(self.dsn, SLOT, [self.publication], str(self.staging))[0]
+
+    def drain(self, max_messages: int | None = None, rng: Random | None = None) -> tuple[Manifest, str]:
         """The drain task with its retries: a killed drain's backend may hold the slot a moment."""
-        transport = self.rng.choice(TRANSPORTS)
+        rng = rng or self.rng
+        transport = rng.choice(TRANSPORTS)
         settings = DrainSettings(SLOT, (self.publication,), str(self.staging), transport=transport)
+        if max_messages is not None:
+            settings = replace(settings, max_messages=max_messages)
         deadline = time.monotonic() + 60
         default_first, peek_calls.FIRST_CALL_MESSAGES = (
             peek_calls.FIRST_CALL_MESSAGES,
-            self.rng.choice(FIRST_PEEK_CALLS),
+            rng.choice(FIRST_PEEK_CALLS),
         )
         try:
             while True:
@@ -229,6 +260,9 @@ class SoakPipeline:
             "ack_lost": self._ack_lost,
             "apply_twice": self._apply_twice,
             "resnapshot_race": self._resnapshot_race,
+            "staging_lost": self._staging_lost,
+            "snapshot_kill_copy": self._snapshot_kill_copy,
+            "snapshot_kill_load": self._snapshot_kill_load,
         }
         self.crashes.append(crashes[kind]())
         self.audit(kind)
@@ -272,9 +306,14 @@ class SoakPipeline:
         manifest, uri = self.drain()
         if not manifest.tables:
             return "apply_kill: empty batch, nothing to kill"
+        return "apply_kill: " + self._kill_apply(manifest, uri, self.rng)
+
+    def _kill_apply(self, manifest: Manifest, uri: str, rng: Random) -> str:
+        """Submit the apply job of ``manifest`` and SIGKILL its process group after its first table
+        commits, or at a random delay; says how it went."""
         pending = len(unapplied_tables(self.lake, manifest))
-        after_commit = self.rng.random() < 0.5
-        delay = self.rng.uniform(5.0, 40.0)
+        after_commit = rng.random() < 0.5
+        delay = rng.uniform(5.0, 40.0)
         started = time.monotonic()
         with tempfile.TemporaryDirectory() as scratch:
             args, env = spark_submit_command(uri, self.lake, scratch)
@@ -291,15 +330,13 @@ class SoakPipeline:
                     break
                 time.sleep(0.2)
             if proc.poll() is not None:
-                return (
-                    f"apply_kill: job ended first (rc {proc.returncode}, {time.monotonic() - started:.1f} s)"
-                )
+                return f"job ended first (rc {proc.returncode}, {time.monotonic() - started:.1f} s)"
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         left = len(unapplied_tables(self.lake, manifest))
         trigger = "after its first table committed" if after_commit else "at a random delay"
         return (
-            f"apply_kill: SIGKILL of the process group {trigger}, {time.monotonic() - started:.1f} s in, "
+            f"SIGKILL of the process group {trigger}, {time.monotonic() - started:.1f} s in, "
             f"{pending - left}/{pending} tables committed"
         )
 
@@ -354,6 +391,53 @@ class SoakPipeline:
             f"dag_kill: SIGKILL ({trigger}) {took:.1f} s in, batch {staged.batch_id} staged, "
             f"{len(staged.tables) - left}/{len(staged.tables)} tables committed"
         )
+
+    def _staging_lost(self) -> str:
+        """A short batch applied, not acknowledged, and its staged files lost (a lifecycle rule, the
+        retention, a changed staging path): the recovery round reads a longer window from there."""
+        max_messages = self.faults.choice(SHORT_WINDOWS)
+        manifest, uri = self.drain(max_messages, self.faults)
+        self.apply(manifest, uri)
+        shutil.rmtree(self.staging / SLOT / manifest.batch_id)
+        self.changes -= manifest.stats.changes  # the longer window drains them again
+        return (
+            f"staging_lost: batch {manifest.batch_id} of {manifest.stats.changes} changes "
+            f"(max_messages {max_messages}) applied, not acknowledged, its staging deleted"
+        )
+
+    def _snapshot_kill_copy(self) -> str:
+        """SIGKILL the initial snapshot's copy after its first part file, or at a random delay (before
+        its slot exists, perhaps); then the user's re-run of the snapshot DAG."""
+        args = {"dsn": self.dsn, "slot": SLOT, "publication": self.publication, "staging": str(self.staging)}
+        wait_for_part = self.faults.random() < 0.5
+        delay = self.faults.uniform(0.05, 1.0)
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SNAPSHOT_SCRIPT, json.dumps(args)], start_new_session=True
+        )
+        parts: list[Path] = []
+        while proc.poll() is None and time.monotonic() - started < 120:
+            parts = list((self.staging / SLOT).glob("snapshot-*/*/part-*.parquet"))
+            if parts if wait_for_part else time.monotonic() - started >= delay:
+                break
+            time.sleep(0.01)
+        took = time.monotonic() - started
+        if proc.poll() is not None:
+            outcome = f"the copy finished first ({took:.1f} s, rc {proc.returncode})"
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            trigger = "after its first part file" if wait_for_part else "at a random delay"
+            outcome = f"SIGKILL {trigger}, {took:.1f} s in, {len(parts)} part(s) staged"
+        self.snapshot()
+        return f"snapshot_kill_copy: {outcome}; re-run"
+
+    def _snapshot_kill_load(self) -> str:
+        """SIGKILL the initial snapshot's load (the spark-submit job); then the user's re-run."""
+        uri = self.snapshot_copy()
+        outcome = self._kill_apply(read_manifest(uri), uri, self.faults)
+        self.snapshot()
+        return f"snapshot_kill_load: {outcome}; re-run"
 
     def _ack_lost(self) -> str:
         manifest, uri = self.drain()

@@ -4,10 +4,13 @@ A primary and a physical standby (``pg_basebackup``) run on this machine, the st
 ``sync_replication_slots`` and the primary with ``synchronized_standby_slots``. The initial
 snapshot creates the pipeline's slot as a failover slot (the default from PostgreSQL 17); CDC
 rounds (drain, Spark apply, ack) run while a writer commits on the primary, until
-``pgcdc check`` on the standby finds the slot sync-ready. The primary is then SIGKILLed in the
-middle of the workload, the standby promoted, and the pipeline pointed at it: that is all a user
-changes. It continues from the synchronized slot: every table equals the new primary's, every
-staged change is in its changelog exactly once, and the only snapshot is the first one.
+``pgcdc check`` on the standby finds the slot sync-ready. The standby's copy of the slot is then
+held back while a batch is acknowledged on the primary, and the staging retention removes that
+batch's files: the lake is ahead of the copy. The primary is SIGKILLed in the middle of the
+workload, the standby promoted, and the pipeline pointed at it: that is all a user changes. It
+continues from the synchronized slot, reading again a window the lake holds in part: every table
+equals the new primary's (the keyless REPLICA IDENTITY FULL one too), every change is in its
+changelog exactly once, and the only snapshot is the first one.
 
 A second test covers the bad input: a slot that was not yet sync-ready at promotion is gone
 from the new primary, and the drain says so and what to do.
@@ -22,6 +25,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg2
@@ -32,11 +36,13 @@ from pyspark.sql import SparkSession
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
 from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog
+from airflow_provider_postgres_cdc.engine.retention import prune_staging
 from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
 from airflow_provider_postgres_cdc.errors import SlotNotFoundError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.formats.layout import SNAPSHOT_PREFIX
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
 from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
 from airflow_provider_postgres_cdc.spark.session import register_lake
@@ -99,6 +105,7 @@ class Pipeline:
         (root / "lake").mkdir(parents=True)
         self.lake: LakeConfig = local_lake(str(root / "lake"), catalog=f"failover_{root.name[-8:]}")
         register_lake(spark, self.lake)
+        self.staged: dict[str, set[tuple[int, int]]] = {t: set() for t in TABLES}  # every change drained
 
     def snapshot(self) -> None:
         path, _ = take_snapshot(self.dsn, SLOT, [PUBLICATION], str(self.staging))
@@ -106,19 +113,27 @@ class Pipeline:
 
     def round(self) -> None:
         result = drain_batch(self.dsn, DrainSettings(SLOT, (PUBLICATION,), str(self.staging)))
+        batch_dir = self.staging / SLOT / result.manifest.batch_id
+        for entry in result.manifest.tables:  # before the retention removes them
+            for part in entry.files:
+                keys = pq.read_table(batch_dir / part, columns=list(CHANGE_KEY)).to_pydict()
+                self.staged[entry.qualified].update(zip(*keys.values(), strict=True))
         if result.manifest.tables:
             apply_manifest(self.spark, result.manifest_uri, self.lake)
         acknowledge(self.dsn, SLOT, self.lake, result.manifest)
 
+    def confirmed(self, dsn: str) -> Lsn:
+        conn = connect(dsn)
+        try:
+            position = describe_slot(conn, SLOT).confirmed_flush_lsn
+        finally:
+            conn.close()
+        assert position is not None
+        return position
+
     def changelog_problems(self) -> list[str]:
-        """Each staged change logged exactly once (a batch read again after the failover included)."""
-        staged: dict[str, set[tuple[int, int]]] = {t: set() for t in TABLES}
-        for batch_dir in sorted((self.staging / SLOT).glob("batch-*")):
-            manifest = json.loads((batch_dir / "_manifest.json").read_text())
-            for entry in manifest["tables"]:
-                for part in entry["files"]:
-                    keys = pq.read_table(batch_dir / part, columns=list(CHANGE_KEY)).to_pydict()
-                    staged[f"{entry['schema']}.{entry['table']}"].update(zip(*keys.values(), strict=True))
+        """Each drained change logged exactly once (a window read again after the failover included)."""
+        staged = self.staged
         catalog = open_catalog(self.lake)
         problems = []
         for qualified in TABLES:
@@ -174,6 +189,16 @@ def test_cdc_continues_on_the_promoted_standby_without_a_resnapshot(
     assert ready["returncode"] == 0, ready["problems"]
     assert ready["slot_synced"] is True and ready["slot_temporary"] is False
 
+    # The last acknowledgements never reach the standby's copy, and the retention removes the
+    # acknowledged batches' staging: after the failover the lake is ahead of the slot.
+    standby.hold_slot_sync()
+    behind = pipeline.confirmed(standby.dsn("shop"))
+    pipeline.round()
+    acked = pipeline.confirmed(pipeline.dsn)
+    assert behind < acked
+    prune_staging(str(pipeline.staging), SLOT, acked, timedelta(0))
+    assert not list((pipeline.staging / SLOT).glob("batch-*"))
+
     # The primary dies mid-workload: what it did not ship to the standby is gone with it, and the
     # drain never read past what the standby had (synchronized_standby_slots).
     primary.kill()
@@ -183,7 +208,8 @@ def test_cdc_continues_on_the_promoted_standby_without_a_resnapshot(
 
     # What the user changes: the connection. The pipeline goes on from the synchronized slot.
     pipeline.dsn = standby.dsn("shop")
-    pipeline.round()  # from the copy's position: a batch applied already would be reused and skipped
+    assert pipeline.confirmed(pipeline.dsn) == behind
+    pipeline.round()  # from the copy's position: only the changes past what the lake holds are applied
     shop.dsn = standby.dsn("shop")  # the application fails over too
     shop.step()
     shop.step()

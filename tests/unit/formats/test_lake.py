@@ -78,12 +78,6 @@ def test_snapshot_at_an_lsn_is_the_newest_one_applied_up_to_it() -> None:
     assert lake.snapshot_at(history, Lsn(0x1F)) is None  # no pipeline commit yet
 
 
-def test_batch_committed_matches_slot_and_batch() -> None:
-    history = [(1, pipeline("0/20", batch="b1"))]
-    assert lake.batch_committed(history, "s", "b1")
-    assert not lake.batch_committed(history, "other", "b1") and not lake.batch_committed(history, "s", "b2")
-
-
 def test_jdbc_catalogs_translate_to_sqlalchemy_for_pyiceberg() -> None:
     props = pyiceberg_properties(local_lake("/data/lake"))
     assert props == {
