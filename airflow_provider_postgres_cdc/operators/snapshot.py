@@ -192,6 +192,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             exc,
             lake=self._lake(),
             staging_options=staging_options(self.staging_conn_id),
+            every_table=not self.tables,
         )
         if rerun.action == "skip":
             raise AirflowSkipException(rerun.reason)

@@ -11,7 +11,9 @@ runs. Once it exists, the re-run reads what the slot, the staging and the lake s
 * nothing of the kind: the run died during its copy (its exported snapshot died with it), or the
   slot was recreated by a recovery that died so. Nothing was loaded from the slot and it has
   delivered nothing, so dropping it loses nothing: a new snapshot holds every change it held.
-  The slot is dropped and the snapshot taken again.
+  The slot is dropped and the snapshot taken again. Only a snapshot of every published table
+  may do so: one of some tables would leave the others without the changes the slot held for
+  them, so it is refused instead.
 """
 
 from __future__ import annotations
@@ -65,10 +67,12 @@ def rerun_snapshot(
     *,
     lake: LakeConfig | None,
     staging_options: S3Options | None = None,
+    every_table: bool = True,
 ) -> Rerun:
     """Decide (and for ``restart``, prepare) the re-run of a snapshot refused with ``refusal``
     because ``slot`` exists; see the module docstring. ``lake`` None: the lake cannot be asked,
-    so a slot with no staged snapshot of its own is refused as before."""
+    so a slot with no staged snapshot of its own is refused as before. ``every_table`` False (a
+    snapshot of some published tables): the slot is never dropped, the run is refused instead."""
     conn = connect(conn_params)
     try:
         position = describe_slot(conn, slot).confirmed_flush_lsn
@@ -98,6 +102,13 @@ def rerun_snapshot(
             f"from it ({', '.join(sorted(holding)[:5])}): the pipeline runs from this slot, and no "
             f"snapshot of it is staged. To reload tables, re-snapshot them with {BACKFILL}; to start "
             "over instead, pass recreate_slot=True (the slot's unconsumed changes are lost)."
+        ) from None
+    if not every_table:
+        raise SlotExistsError(
+            f"replication slot {slot!r} exists (confirmed up to {position}) and no snapshot of it is "
+            "staged, but this run copies only some of the published tables: dropping the slot to start "
+            "over would lose the changes it holds for the others. Run the initial snapshot of every "
+            f"published table (an empty tables param), or reload these tables with {BACKFILL}."
         ) from None
     log.warning(
         "slot %s exists (confirmed up to %s) but no snapshot of it is staged and no lake table holds "

@@ -159,3 +159,15 @@ def test_a_window_read_again_applies_and_logs_each_change_once(
         shutil.rmtree(snapshot)
     with pytest.raises(SlotExistsError, match=f"lake tables hold changes from it.*{BACKFILL_DAG}"):
         rerun_snapshot(dsn, SLOT, str(staging), refusal, lake=lake)
+
+    # A slot nothing was loaded from: a snapshot of some tables refuses to drop it (the others'
+    # changes would be lost); one of every table drops it and starts over.
+    unused = f"{SLOT}_unused"
+    pg_cluster.execute(f"SELECT pg_create_logical_replication_slot('{unused}', 'pgoutput')", pg_dbname)
+    refusal = SlotExistsError(f"replication slot {unused!r} already exists")
+    with pytest.raises(SlotExistsError, match="copies only some of the published tables"):
+        rerun_snapshot(dsn, unused, str(staging), refusal, lake=lake, every_table=False)
+    slots = f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{unused}'"
+    assert pg_cluster.execute(slots, pg_dbname)[0][0] == 1
+    assert rerun_snapshot(dsn, unused, str(staging), refusal, lake=lake).action == "restart"
+    assert pg_cluster.execute(slots, pg_dbname)[0][0] == 0
