@@ -15,6 +15,7 @@ from pathlib import Path
 
 APPLY_JOB_PATH = str(Path(__file__).with_name("apply_batch.py"))
 MAINTAIN_JOB_PATH = str(Path(__file__).with_name("maintain_lake.py"))
+WARM_UP_JOB_PATH = str(Path(__file__).with_name("warm_up.py"))
 # Comma-separated jars for local Spark: the Iceberg runtime and JDBC drivers (`make` sets it).
 JARS_ENV = "POSTGRES_CDC_SPARK_JARS"
 
