@@ -16,7 +16,7 @@ LAKE_JARS_DIR := $(CURDIR)/$(VENV)/lake-jars/spark-$(SPARK_LINE)
 # What local Spark loads for the lake (airflow_provider_postgres_cdc.spark.local_jars reads it).
 export POSTGRES_CDC_SPARK_JARS := $(shell tools/lake-jars/jars.sh list $(SPARK_LINE) $(LAKE_JARS_DIR))
 # The class-data archive of Spark's classes the tests' short drivers map instead of loading them
-# (airflow_provider_postgres_cdc/testing/spark_cds.py; written once, about 30 s).
+# (airflow_provider_postgres_cdc/testing/spark_cds.py; written once, about 40 s).
 export POSTGRES_CDC_SPARK_CDS := $(CURDIR)/$(VENV)/spark-cds/spark-$(SPARK_LINE).jsa
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
