@@ -16,6 +16,9 @@ from pathlib import Path
 APPLY_JOB_PATH = str(Path(__file__).with_name("apply_batch.py"))
 MAINTAIN_JOB_PATH = str(Path(__file__).with_name("maintain_lake.py"))
 WARM_UP_JOB_PATH = str(Path(__file__).with_name("warm_up.py"))
+# Tables the apply job applies at once by default: a table's steps are mostly round trips to the
+# catalog and small Spark jobs, which overlap well even on two cores (docs/LAKE.md).
+TABLE_PARALLELISM = 4
 # Comma-separated jars for local Spark: the Iceberg runtime and JDBC drivers (`make` sets it).
 JARS_ENV = "POSTGRES_CDC_SPARK_JARS"
 

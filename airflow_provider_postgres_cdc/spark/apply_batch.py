@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,15 +43,15 @@ from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling
 from airflow_provider_postgres_cdc.formats.schema_changes import SourceColumn, encode_columns
 from airflow_provider_postgres_cdc.formats.window import Window, changelog_window, table_window
-from airflow_provider_postgres_cdc.spark import multiset
+from airflow_provider_postgres_cdc.spark import TABLE_PARALLELISM, multiset
 from airflow_provider_postgres_cdc.spark.changes import (
     COMMIT_LSN,
     EVENT_KIND,
-    OP,
     ROW_KEY,
     UNFILLED,
     UPSERT,
     NetEffect,
+    batch_facts,
     column,
     key_struct,
     materialize,
@@ -57,7 +59,7 @@ from airflow_provider_postgres_cdc.spark.changes import (
 )
 from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, is_conflict, temp_view
 from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
-from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds, merge_sql
+from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds, merge_sql, row_key_range
 from airflow_provider_postgres_cdc.spark.schema_evolution import plan_schema_changes, resnapshot_needed
 from airflow_provider_postgres_cdc.spark.staged import (
     base_dir,
@@ -217,22 +219,24 @@ class ApplyJob:
         logged = self.spark.table(self.tables.name(changelog))
         changes = logged.where((sf.col(COMMIT_LSN) >= int(point)) & (sf.col(COMMIT_LSN) < int(until)))
         changes = materialize(changes.drop(BATCH_ID_COLUMN))
-        count = changes.count()
+        columns = _table_columns(changes)
+        counted = multiset.counts_rows(spec)
+        keys = [] if counted else key_columns(spec, [c.name for c in columns])
+        facts = batch_facts(changes)
         log.info(
             "%s: snapshot %s is older than the applied end %s: replaying %d logged change(s)",
-            spec.qualified, self.manifest.batch_id, until, count,
+            spec.qualified, self.manifest.batch_id, until, facts.changes,
         )  # fmt: skip
-        if not count:
+        if not facts.changes:
             return rows, 0
-        columns = _table_columns(changes)
-        if multiset.counts_rows(spec):
-            return materialize(multiset.replay(rows, changes, columns, spec.qualified)), count
-        keys = key_columns(spec, [c.name for c in columns])
-        net = net_effect(changes, columns, keys, rows)
+        if counted:
+            replayed = multiset.replay(rows, changes, columns, spec.qualified, facts.truncate)
+            return materialize(replayed), facts.changes
+        net = net_effect(changes, columns, keys, rows, facts)
         kept = rows.limit(0) if net.truncated else rows
         kept = kept.join(net.rows.select(ROW_KEY), key_struct(keys) == sf.col(ROW_KEY), "left_anti")
         upserts = net.rows.where(sf.col(EVENT_KIND) == UPSERT).drop(EVENT_KIND, ROW_KEY)
-        return materialize(kept.unionByName(upserts, allowMissingColumns=True)), count
+        return materialize(kept.unionByName(upserts, allowMissingColumns=True)), facts.changes
 
     # --------------------------------------------------------------------------------- batch
 
@@ -268,11 +272,13 @@ class ApplyJob:
             return TableResult(spec.qualified, "applied")
         staged = steps.fill_staged(staged, self.spark)
         logging_window = self._changelog_window(spec, base)
-        candidates = materialize(_within(staged, Window(min(window.start, logging_window.start), end)))
+        # Read again by each step (the files are the batch's): cheaper than caching a copy.
+        candidates = _within(staged, Window(min(window.start, logging_window.start), end))
         changes = _within(candidates, window)
-        counts = {str(row[0]): int(row[1]) for row in changes.groupBy(OP).count().collect()}
-        count = sum(counts.values())
         columns = _table_columns(changes)
+        counted = multiset.counts_rows(spec)  # no key: a count per distinct row (spark/multiset.py)
+        keys = [] if counted else key_columns(spec, [c.name for c in columns])
+        facts = batch_facts(changes, keys[0] if keys else None)
         if table is None:
             log.warning(
                 "table %s has no snapshot load in the lake: creating it empty from this batch", spec.qualified
@@ -290,21 +296,21 @@ class ApplyJob:
             target = self.tables.branch_name(identifier)
             steps.fill_lake(self.tables, target, lake_columns)  # published with the MERGE below
         schema = self.tables.schema(identifier)
-        if multiset.counts_rows(spec):  # no key: a count per distinct row (spark/multiset.py)
+        if counted:
             live = multiset.live_columns(columns, spec)
-            effect = multiset.net_counts(changes, live, spec.qualified)
+            effect = multiset.net_counts(changes, live, spec.qualified, facts.truncate)
             first = live[0].name
-            bounds = key_bounds(multiset.removals(effect, [first]), first, schema[first].dataType)
+            bounds = key_bounds(
+                row_key_range(multiset.removals(effect, [first]), first), schema[first].dataType
+            )
             existing = self.spark.table(target)
             sql = multiset.merge_statement(effect, existing, target, schema, live, spec.qualified, bounds)
         else:
-            keys = key_columns(spec, [c.name for c in columns])
-            net = net_effect(changes, columns, keys, self.spark.table(target))
+            net = net_effect(changes, columns, keys, self.spark.table(target), facts)
             self._refuse_unfilled(spec, net)
-            rows = materialize(net.rows)  # read twice: its key range, then the MERGE
-            bounds = None if net.truncated else key_bounds(rows, keys[0], schema[keys[0]].dataType)
-            sql = merge_sql(target, temp_view(rows), schema, columns, keys, net.truncated, bounds)
-        summary = self.summary(base, end, steps.source_columns, started=begun, counts=counts)
+            bounds = None if net.truncated else key_bounds(facts.key_range, schema[keys[0]].dataType)
+            sql = merge_sql(target, temp_view(net.rows), schema, columns, keys, net.truncated, bounds)
+        summary = self.summary(base, end, steps.source_columns, started=begun, counts=facts.counts)
         if sql is not None:
             self.tables.merge(sql, summary)
         if read_snapshot is not None:
@@ -313,8 +319,9 @@ class ApplyJob:
         after = self.tables.state(merged)
         if after is None or after.applied_end_lsn < end:  # the merge changed no file: no snapshot
             self.tables.record(merged, summary, read_snapshot)
-        log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, time.monotonic() - started)
-        return TableResult(spec.qualified, "applied", count, seconds=time.monotonic() - started)
+        seconds, count = time.monotonic() - started, facts.changes
+        log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, seconds)
+        return TableResult(spec.qualified, "applied", count, seconds=seconds)
 
     def _refuse_unfilled(self, spec: TableManifest, net: NetEffect) -> None:
         """Stop before the MERGE when a row would get NULL for a value the source holds (see NetEffect)."""
@@ -364,23 +371,42 @@ class ApplyJob:
 
     # ----------------------------------------------------------------------------------- run
 
-    def run(self, specs: Sequence[TableManifest]) -> list[TableResult]:
-        """Register the run's tables in the slot's index (docs/LAKE.md), then load or apply each one,
-        then tag the cut. Registering first means a table exists only once the index names it."""
+    def run(self, specs: Sequence[TableManifest], parallelism: int = TABLE_PARALLELISM) -> list[TableResult]:
+        """Register the run's tables in the slot's index (docs/LAKE.md), then load or apply up to
+        ``parallelism`` tables at once, then tag the cut. Registering first means a table exists
+        only once the index names it.
+
+        Each table keeps its own commits and its own redo on a lost race. When a table fails, the
+        others still finish theirs; the run then fails with the first error, and no cut is tagged.
+        """
+        if parallelism < 1:
+            raise ApplyError(f"--table-parallelism must be a positive number, not {parallelism}")
         step = self.load_snapshot_table if self.manifest.kind == "snapshot" else self.apply_batch_table
         config = self.tables.config
-        added = self.tables.register(
-            self.manifest.slot, [config.identifier(spec.schema, spec.table) for spec in specs]
-        )
+        identifiers = [config.identifier(spec.schema, spec.table) for spec in specs]
+        added = self.tables.register(self.manifest.slot, identifiers)
         if added:
             log.info("%d table(s) registered in the index of slot %s", added, self.manifest.slot)
-        results = []
-        for spec in specs:
-            result = self._with_retries(step, spec)
-            log.info("%s %s: %s", self.manifest.batch_id, spec.qualified, result)
-            results.append(result)
+        # Before the tables run at once: two creating one namespace would race in the catalog.
+        for namespace in sorted({namespace for namespace, _ in identifiers}):  # changelogs' too
+            self.tables.ensure_namespace(namespace)
+        with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pgl-table") as pool:
+            futures = [pool.submit(self._table, step, spec) for spec in specs]
+        failures = [(spec, f.exception()) for spec, f in zip(specs, futures, strict=True) if f.exception()]
+        for spec, error in failures:
+            log.error("%s %s: failed: %s", self.manifest.batch_id, spec.qualified, error)
+        if failures:
+            raise failures[0][1]  # type: ignore[misc]
         self._tag_cut()
-        return results
+        return [f.result() for f in futures]
+
+    def _table(self, step: Callable[[TableManifest], TableResult], spec: TableManifest) -> TableResult:
+        """One table's step on a thread of the pool, its Spark jobs in a scheduler pool of its own
+        (under ``spark.scheduler.mode=FAIR`` a large table then does not hold up the small ones)."""
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
+        result = self._with_retries(step, spec)
+        log.info("%s %s: %s", self.manifest.batch_id, spec.qualified, result)
+        return result
 
     @staticmethod
     def _with_retries(step: Callable[[TableManifest], TableResult], spec: TableManifest) -> TableResult:
@@ -440,6 +466,7 @@ def apply_manifest(
     config: LakeConfig,
     tables: Sequence[str] | None = None,
     write_mode: str = "merge-on-read",
+    parallelism: int = TABLE_PARALLELISM,
 ) -> list[TableResult]:
     """Apply a snapshot or batch manifest to the lake; the Python entry point of the job.
 
@@ -457,12 +484,12 @@ def apply_manifest(
         if unknown:
             raise ApplyError(f"--tables names {sorted(unknown)} not in manifest {manifest_path}")
         specs = [s for s in specs if s.qualified in wanted]
-    return ApplyJob(spark, lake_tables, manifest, manifest_path).run(specs)
+    return ApplyJob(spark, lake_tables, manifest, manifest_path).run(specs, parallelism)
 
 
 def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
-    results = apply_manifest(spark, args.manifest, config, tables, args.write_mode)
+    results = apply_manifest(spark, args.manifest, config, tables, args.write_mode, args.table_parallelism)
     return [{"manifest": args.manifest, "tables": [asdict(r) for r in results]}]
 
 
@@ -474,6 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--tables", default="", help="comma-separated schema.table names (default: all)")
     parser.add_argument("--write-mode", default="merge-on-read", help="row-level write mode of new tables")
+    parser.add_argument(
+        "--table-parallelism", type=int, default=TABLE_PARALLELISM, help="tables applied at once"
+    )
     return run_job(parser, _run, argv)
 
 

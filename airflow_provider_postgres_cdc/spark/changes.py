@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as sf
@@ -88,14 +89,73 @@ def order_after(commit: int, seq: int) -> Column:
     return (sf.col(COMMIT_LSN) > commit) | ((sf.col(COMMIT_LSN) == commit) & (sf.col(SEQ) > seq))
 
 
-def last_truncate(changes: DataFrame) -> tuple[int, int] | None:
-    """(commit LSN, seq) of the batch's last TRUNCATE, or None."""
-    row = (
-        changes.where(sf.col(OP) == "T")
-        .agg(sf.max(sf.struct(sf.col(COMMIT_LSN), sf.col(SEQ))).alias("t"))
-        .first()
+def _last_truncate() -> Column:
+    """(commit LSN, seq) of the last TRUNCATE, as an aggregate (null without one)."""
+    return sf.max(sf.when(sf.col(OP) == "T", sf.struct(sf.col(COMMIT_LSN), sf.col(SEQ))))
+
+
+def _position(value: Any) -> tuple[int, int] | None:
+    return None if value is None else (int(value[0]), int(value[1]))
+
+
+@dataclass(frozen=True)
+class BatchFacts:
+    """What the apply needs to know about a table's changes before it plans their merge.
+
+    One aggregate (:func:`batch_facts`) answers all of it, so a table costs one Spark job here
+    however many of these questions its plan asks. ``unchanged`` may name a column whose only
+    unchanged values come before the last TRUNCATE (looking it up then finds nothing to fill).
+    ``key_range`` is the lowest and highest first-key value of every key the changes touch (new
+    keys of inserts and updates, old keys of deletes and key changes), None when one is null.
+    """
+
+    counts: dict[str, int]
+    truncate: tuple[int, int] | None
+    unchanged: frozenset[str]
+    key_range: tuple[Any, Any] | None
+
+    @property
+    def changes(self) -> int:
+        return sum(self.counts.values())
+
+
+OPS = ("I", "U", "D", "T")
+
+
+def batch_facts(changes: DataFrame, first_key: str | None = None) -> BatchFacts:
+    """The :class:`BatchFacts` of ``changes``, in one Spark job; no key range without ``first_key``."""
+    op = sf.col(OP)
+    aggregates = [sf.count(sf.when(op == code, 1)).alias(code) for code in OPS]
+    aggregates += [
+        _last_truncate().alias("truncate"),
+        sf.array_distinct(
+            sf.flatten(sf.collect_set(sf.when(sf.size(UNCHANGED) > 0, sf.col(UNCHANGED))))
+        ).alias("unchanged"),
+    ]
+    if first_key is not None:
+        new_key = sf.when(op.isin("I", "U"), column(first_key))
+        old_key = sf.when(
+            (op == "D") | ((op == "U") & sf.col(OLD).isNotNull()), sf.col(OLD).getField(first_key)
+        )
+        touched = sf.count(sf.when(op.isin("I", "U"), 1)) + sf.count(
+            sf.when((op == "D") | ((op == "U") & sf.col(OLD).isNotNull()), 1)
+        )
+        aggregates += [
+            sf.least(sf.min(new_key), sf.min(old_key)).alias("low"),
+            sf.greatest(sf.max(new_key), sf.max(old_key)).alias("high"),
+            (touched - sf.count(new_key) - sf.count(old_key)).alias("null_keys"),
+        ]
+    row = changes.agg(*aggregates).first()
+    assert row is not None  # a global aggregate has one row
+    key_range = None
+    if first_key is not None and row["null_keys"] == 0 and row["low"] is not None:
+        key_range = (row["low"], row["high"])
+    return BatchFacts(
+        counts={code: int(row[code]) for code in OPS if row[code]},
+        truncate=_position(row["truncate"]),
+        unchanged=frozenset(row["unchanged"] or ()),
+        key_range=key_range,
     )
-    return None if row is None or row["t"] is None else (int(row["t"][0]), int(row["t"][1]))
 
 
 def _event_id() -> Column:
@@ -224,18 +284,22 @@ def final_rows(events: DataFrame) -> DataFrame:
 
 
 def net_effect(
-    changes: DataFrame, columns: Sequence[StructField], keys: Sequence[str], target: DataFrame
+    changes: DataFrame,
+    columns: Sequence[StructField],
+    keys: Sequence[str],
+    target: DataFrame,
+    facts: BatchFacts,
 ) -> NetEffect:
     """Reduce ordered changes to one event per key; ``target`` supplies unchanged TOAST values.
 
     Changes before the batch's last TRUNCATE are dropped (it removed their rows), and unchanged
     values are then looked up in an empty target: nothing from before the TRUNCATE survives.
+    ``facts`` are ``changes``' (:func:`batch_facts`).
     """
-    truncate = last_truncate(changes)
+    truncate = facts.truncate
     live = changes if truncate is None else changes.where(order_after(*truncate))
     events = build_events(live, columns, keys)
-    names = {c.name for c in columns}
-    filled = sorted({r[0] for r in live.select(sf.explode(UNCHANGED)).distinct().collect()} & names)
+    filled = sorted(facts.unchanged & {c.name for c in columns})
     if not filled:
         rows = final_rows(events).select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
         return NetEffect(rows, truncate is not None)

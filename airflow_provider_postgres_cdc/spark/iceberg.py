@@ -8,6 +8,7 @@ that record a batch with nothing to write, schema changes on names SQL would par
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -168,17 +169,20 @@ class IcebergTables:
         table.refresh()
         return table
 
-    @staticmethod
-    def history(table: Any) -> Iterator[tuple[int, dict[str, str]]]:
+    def history(self, table: Any) -> Iterator[tuple[int, dict[str, str]]]:
         """The main branch's snapshots, newest first, as (snapshot id, summary).
 
-        Lazy: each snapshot costs JVM round trips, and the state, the cut and the changelog check
-        stop at the first pipeline commit, however long the history is.
+        Lazy: the state, the cut and the changelog check stop at the first pipeline commit, however
+        long the history is. Each snapshot crosses from the JVM as one JSON text (Iceberg's own
+        ``SnapshotParser``): reading its summary entry by entry would cost a round trip each.
         """
+        parser = self._jvm.org.apache.iceberg.SnapshotParser
         snapshot = table.currentSnapshot()
         while snapshot is not None:
-            yield int(snapshot.snapshotId()), dict(snapshot.summary())
-            parent = snapshot.parentId()
+            fields = json.loads(parser.toJson(snapshot))
+            summary = {str(k): str(v) for k, v in (fields.get("summary") or {}).items() if k != "operation"}
+            yield int(fields["snapshot-id"]), summary
+            parent = fields.get("parent-snapshot-id")
             snapshot = table.snapshot(parent) if parent is not None else None
 
     def state(self, table: Any | None) -> TableState | None:

@@ -27,20 +27,28 @@ from pyspark.sql.types import (
 from airflow_provider_postgres_cdc.spark.changes import EVENT_KIND, ROW_KEY, UPSERT
 from airflow_provider_postgres_cdc.spark.iceberg import quote
 
+_EXACT = (ByteType, ShortType, IntegerType, LongType, DecimalType, StringType, DateType)
 
-def key_bounds(rows: DataFrame, key: str, dtype: DataType) -> tuple[str, str] | None:
-    """SQL literals of the lowest and highest first-key value of a batch's rows, or None.
 
-    None when a bound could not prune anything or not be written exactly: no rows, a null key
-    (REPLICA IDENTITY FULL rows match on null too), or a type without an exact literal here.
+def key_bounds(key_range: tuple[Any, Any] | None, dtype: DataType) -> tuple[str, str] | None:
+    """SQL literals of a batch's first-key range (lowest, highest), or None.
+
+    None when a bound could not prune anything or not be written exactly: no range (no rows, or
+    a null key: REPLICA IDENTITY FULL rows match on null too), or a type without an exact literal.
     """
-    if not isinstance(dtype, (ByteType, ShortType, IntegerType, LongType, DecimalType, StringType, DateType)):
+    if key_range is None or not isinstance(dtype, _EXACT):
         return None
+    return _literal(key_range[0], dtype), _literal(key_range[1], dtype)
+
+
+def row_key_range(rows: DataFrame, key: str) -> tuple[Any, Any] | None:
+    """The lowest and highest ``key`` field of ``rows``' ``ROW_KEY`` (one Spark job), None when a
+    row has none."""
     field = sf.col(ROW_KEY).getField(key)
     row = rows.agg(sf.min(field), sf.max(field), sf.count(sf.lit(1)), sf.count(field)).first()
     if row is None or row[2] == 0 or row[2] != row[3]:
         return None
-    return _literal(row[0], dtype), _literal(row[1], dtype)
+    return row[0], row[1]
 
 
 def _literal(value: Any, dtype: DataType) -> str:

@@ -33,7 +33,6 @@ from airflow_provider_postgres_cdc.spark.changes import (
     ROW_KEY,
     UNCHANGED,
     column,
-    last_truncate,
     materialize,
     order_after,
 )
@@ -129,13 +128,15 @@ def _count_by_row(rows: DataFrame, columns: Sequence[StructField], measure: Colu
     )
 
 
-def net_counts(changes: DataFrame, columns: Sequence[StructField], table: str) -> MultisetEffect:
+def net_counts(
+    changes: DataFrame, columns: Sequence[StructField], table: str, truncate: tuple[int, int] | None
+) -> MultisetEffect:
     """Reduce ordered changes to a count delta per distinct row value (after the last TRUNCATE).
 
-    Order within the batch does not matter to a count, except for a TRUNCATE: the changes before
-    the last one are dropped (it removed their rows) and the table starts empty.
+    Order within the batch does not matter to a count, except for a TRUNCATE (``truncate``, the
+    last one's position, from ``changes.batch_facts``): the changes before it are dropped (it
+    removed their rows) and the table starts empty.
     """
-    truncate = last_truncate(changes)
     live = changes if truncate is None else changes.where(order_after(*truncate))
     blind = live.where(sf.col(OP).isin("U", "D") & sf.col(OLD).isNull()).limit(1).count()
     if blind:
@@ -242,8 +243,15 @@ def _diverged(table: str) -> None:
     )
 
 
-def replay(rows: DataFrame, changes: DataFrame, columns: Sequence[StructField], table: str) -> DataFrame:
-    """A snapshot's rows with logged changes applied: the catch-up of a re-snapshot load.
+def replay(
+    rows: DataFrame,
+    changes: DataFrame,
+    columns: Sequence[StructField],
+    table: str,
+    truncate: tuple[int, int] | None,
+) -> DataFrame:
+    """A snapshot's rows with logged changes applied (``truncate`` as in :func:`net_counts`): the
+    catch-up of a re-snapshot load.
 
     Logged columns the snapshot lacks (dropped before it, or added after it) are null in its
     rows, as the changes' old tuples hold them.
@@ -252,7 +260,7 @@ def replay(rows: DataFrame, changes: DataFrame, columns: Sequence[StructField], 
     rows = rows.select(
         "*", *[sf.lit(None).cast(c.dataType).alias(c.name) for c in columns if c.name not in held]
     )
-    effect = net_counts(changes, columns, table)
+    effect = net_counts(changes, columns, table, truncate)
     source = merge_source(effect, rows, columns, table)
     kept = rows.limit(0) if effect.truncated else rows
     replaced = source.where(sf.col(FLAG) == REPLACE)

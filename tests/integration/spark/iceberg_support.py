@@ -47,9 +47,12 @@ class LakeReader:
     def columns(self, tdef: TableDef) -> list[str]:
         return self.spark.table(self.name(tdef)).columns
 
+    def changelog_name(self, tdef: TableDef) -> str:
+        return table_name(self.config, self.config.changelog_identifier(tdef.schema, tdef.table))
+
     def changelog(self, tdef: TableDef) -> list[tuple[int, int, str]]:
         """(commit LSN, seq, batch id) of every logged change, sorted."""
-        name = table_name(self.config, self.config.changelog_identifier(tdef.schema, tdef.table))
+        name = self.changelog_name(tdef)
         rows = self.spark.sql(f"SELECT _pgl_commit_lsn, _pgl_seq, _pgl_batch_id FROM {name}").collect()
         return sorted((r[0], r[1], r[2]) for r in rows)
 
