@@ -42,6 +42,7 @@ from airflow_provider_postgres_cdc.operators.ack import PostgresCdcAckOperator
 from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperator
 from airflow_provider_postgres_cdc.operators.publication import PostgresCdcPublishTablesOperator
 from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+from airflow_provider_postgres_cdc.spark import TABLE_PARALLELISM
 
 # Names a pipeline gets when its DAGs are not told others.
 DEFAULT_SLOT_NAME = "postgres_cdc_slot"
@@ -107,6 +108,7 @@ def cdc_microbatch_task_group(
     spark_binary: str | None = None,
     pool: str | None = None,
     staging_conn_id: str | None = None,
+    table_parallelism: int | str = TABLE_PARALLELISM,
 ) -> TaskGroup:
     """Build the group inside the current DAG context; every string argument may be a template.
 
@@ -115,6 +117,7 @@ def cdc_microbatch_task_group(
     :param pool: Airflow pool of the ``apply`` task; share it with the lake's re-snapshot loads.
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (endpoint and keys),
         for the drain, the apply's manifest read and the ack; ``None``: pyarrow's environment chain.
+    :param table_parallelism: tables the apply job applies at once (a positive number).
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 
@@ -140,6 +143,7 @@ def cdc_microbatch_task_group(
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
             staging_conn_id=staging_conn_id,
+            table_parallelism=table_parallelism,
             **pool_argument(pool),
         )
         ack = PostgresCdcAckOperator(
@@ -179,6 +183,7 @@ def snapshot_task_group(
     pool: str | None = None,
     staging_conn_id: str | None = None,
     copy_engine: CopyEngine = "local",
+    table_parallelism: int | str = TABLE_PARALLELISM,
 ) -> TaskGroup:
     """Snapshot tables and load them; ``slot_mode`` as :class:`PostgresCdcSnapshotOperator` takes it.
 
@@ -195,6 +200,7 @@ def snapshot_task_group(
     :param pool: Airflow pool of the ``load`` task; share it with the pipeline's CDC apply.
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store.
     :param copy_engine: ``"local"`` (in the worker) or ``"spark"`` (:class:`PostgresCdcSnapshotOperator`).
+    :param table_parallelism: tables the load job loads at once (a positive number).
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 
@@ -220,6 +226,7 @@ def snapshot_task_group(
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
             staging_conn_id=staging_conn_id,
+            table_parallelism=table_parallelism,
             **pool_argument(pool),
         )
         snapshot >> load

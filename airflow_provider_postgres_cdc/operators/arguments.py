@@ -29,3 +29,11 @@ def check_staging(staging: Any) -> None:
             f"staging must name the staging root, a local path or a file://, s3://, gs:// or hdfs:// URI "
             f"that every worker reaches (the pipeline DAGs take it as the 'staging' param), not {staging!r}"
         )
+
+
+def check_positive(argument: str, value: Any) -> None:
+    """Raise ``ValueError`` unless ``value`` is a positive whole number (or is a template)."""
+    if is_template(value):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{argument} must be a positive whole number, not {value!r}")

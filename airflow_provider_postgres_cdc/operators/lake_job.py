@@ -59,6 +59,10 @@ class LakeSparkJobOperator(SparkSubmitOperator):
         """Spark settings for the staging store the job reads (none unless a subclass reads staging)."""
         return {}
 
+    def job_conf(self) -> dict[str, str]:
+        """Spark settings the job itself wants (explicit ``conf`` entries still win)."""
+        return {}
+
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.lake_catalog import check_catalog
         from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings
@@ -73,7 +77,7 @@ class LakeSparkJobOperator(SparkSubmitOperator):
         if lake.namespace_prefix:
             args += ["--namespace-prefix", lake.namespace_prefix]
         self.application_args = args + self.job_arguments(lake)
-        conf = {**lake.spark_conf(), **self.staging_conf(), **(self.conf or {})}
+        conf = {**self.job_conf(), **lake.spark_conf(), **self.staging_conf(), **(self.conf or {})}
         # The private directory (and the secrets file in it) is deleted when the job has ended.
         with tempfile.TemporaryDirectory(prefix="postgres-cdc-job-") as scratch:
             self.conf, self.properties_file = submit_settings(conf, scratch, self.properties_file)

@@ -16,9 +16,9 @@ from airflow_provider_postgres_cdc.errors import LakeCatalogError
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, WriteMode
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
-from airflow_provider_postgres_cdc.operators.arguments import check_choice
+from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_positive
 from airflow_provider_postgres_cdc.operators.lake_job import LakeSparkJobOperator
-from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH
+from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, TABLE_PARALLELISM
 
 
 class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
@@ -37,6 +37,9 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         here with it, and the job's executors read the staged files with its endpoint and keys through
         ``s3a`` (the secret in the job's private properties file); ``None``: the worker's and the
         cluster's own S3 settings (templated).
+    :param table_parallelism: how many tables the job applies at once (default 4), each in a pool
+        of Spark's FAIR scheduler so a large table does not hold up the small ones; 1 applies them
+        one after another (templated).
     :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
         one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
         cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
@@ -48,6 +51,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         "tables",
         "write_mode",
         "staging_conn_id",
+        "table_parallelism",
     )
 
     def __init__(
@@ -59,9 +63,11 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         name: str = "postgres-cdc-apply",
         staging_conn_id: str | None = None,
         asset_alias: str = TABLES_ALIAS,
+        table_parallelism: int | str = TABLE_PARALLELISM,
         **kwargs: Any,
     ) -> None:
         check_choice("write_mode", write_mode, WRITE_MODES)
+        check_positive("table_parallelism", table_parallelism)
         # Which tables a batch writes is known only once it is drained: the events go through an alias.
         kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
         super().__init__(application=APPLY_JOB_PATH, name=name, **kwargs)
@@ -70,18 +76,25 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         self.write_mode = write_mode
         self.staging_conn_id = staging_conn_id
         self.asset_alias = asset_alias
+        self.table_parallelism = table_parallelism
 
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         args = ["--manifest", str(self.manifest), "--write-mode", self.write_mode]
+        args += ["--table-parallelism", str(self.table_parallelism)]
         return args + (["--tables", ",".join(self.tables)] if self.tables else [])
 
     def staging_conf(self) -> dict[str, str]:
         return staging_spark_conf(self.staging_conn_id, str(self.manifest))
 
+    def job_conf(self) -> dict[str, str]:
+        return {"spark.scheduler.mode": "FAIR"}  # the tables' scheduler pools share the executors
+
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.staging import read_manifest  # loads pyarrow: at run time
 
         check_choice("write_mode", self.write_mode, WRITE_MODES)
+        self.table_parallelism = int(self.table_parallelism)  # a rendered template is text
+        check_positive("table_parallelism", self.table_parallelism)
         manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
             # An empty batch changes no table: nothing to submit, and the ack needs no commit.

@@ -42,6 +42,16 @@ CASES = [
         "write_mode must be one of 'merge-on-read', 'copy-on-write', not 'append'",
     ),
     (
+        PostgresCdcSparkApplyOperator,
+        {"manifest": "/m.json", "table_parallelism": 0},
+        "table_parallelism must be a positive whole number, not 0",
+    ),
+    (
+        PostgresCdcSparkApplyOperator,
+        {"manifest": "/m.json", "table_parallelism": "four"},
+        "table_parallelism must be a positive whole number, not 'four'",
+    ),
+    (
         PostgresCdcLakeMaintenanceOperator,
         {"slot_name": "s", "skip": ["rewrite", "vacuum"]},
         "skip must be one of 'rewrite', 'tags', 'expire', 'orphans', not 'vacuum'",
