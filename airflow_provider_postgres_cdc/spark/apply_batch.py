@@ -23,20 +23,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import StructField, StructType
 
-from airflow_provider_postgres_cdc.errors import ApplyError, ConcurrentWriteError, SchemaConflictError
+from airflow_provider_postgres_cdc.errors import ApplyError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats import lake
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
@@ -57,7 +53,7 @@ from airflow_provider_postgres_cdc.spark.changes import (
     materialize,
     net_effect,
 )
-from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, is_conflict, temp_view
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, temp_view
 from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
 from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds, merge_sql, row_key_range
 from airflow_provider_postgres_cdc.spark.schema_evolution import plan_schema_changes, resnapshot_needed
@@ -69,11 +65,10 @@ from airflow_provider_postgres_cdc.spark.staged import (
     load_manifest,
     read_staged,
 )
+from airflow_provider_postgres_cdc.spark.table_runs import interpreted_if_small, run_tables
 
 log = logging.getLogger("postgres_cdc.apply")
 
-# Times one table is redone when another writer commits it first.
-CONFLICT_ATTEMPTS = 5
 BATCH_ID_COLUMN = "_pgl_batch_id"
 
 
@@ -379,8 +374,6 @@ class ApplyJob:
         Each table keeps its own commits and its own redo on a lost race. When a table fails, the
         others still finish theirs; the run then fails with the first error, and no cut is tagged.
         """
-        if parallelism < 1:
-            raise ApplyError(f"--table-parallelism must be a positive number, not {parallelism}")
         step = self.load_snapshot_table if self.manifest.kind == "snapshot" else self.apply_batch_table
         config = self.tables.config
         identifiers = [config.identifier(spec.schema, spec.table) for spec in specs]
@@ -390,45 +383,11 @@ class ApplyJob:
         # Before the tables run at once: two creating one namespace would race in the catalog.
         for namespace in sorted({namespace for namespace, _ in identifiers}):  # changelogs' too
             self.tables.ensure_namespace(namespace)
-        with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pgl-table") as pool:
-            futures = [pool.submit(self._table, step, spec) for spec in specs]
-        failures = [(spec, f.exception()) for spec, f in zip(specs, futures, strict=True) if f.exception()]
-        for spec, error in failures:
-            log.error("%s %s: failed: %s", self.manifest.batch_id, spec.qualified, error)
-        if failures:
-            raise failures[0][1]  # type: ignore[misc]
+        results = run_tables(self.spark, specs, step, parallelism)
+        for spec, result in zip(specs, results, strict=True):
+            log.info("%s %s: %s", self.manifest.batch_id, spec.qualified, result)
         self._tag_cut()
-        return [f.result() for f in futures]
-
-    def _table(self, step: Callable[[TableManifest], TableResult], spec: TableManifest) -> TableResult:
-        """One table's step on a thread of the pool, its Spark jobs in a scheduler pool of its own
-        (under ``spark.scheduler.mode=FAIR`` a large table then does not hold up the small ones)."""
-        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
-        result = self._with_retries(step, spec)
-        log.info("%s %s: %s", self.manifest.batch_id, spec.qualified, result)
-        return result
-
-    @staticmethod
-    def _with_retries(step: Callable[[TableManifest], TableResult], spec: TableManifest) -> TableResult:
-        """Run one table's step; when another writer commits first, redo it from the new state."""
-        for attempt in range(1, CONFLICT_ATTEMPTS):
-            try:
-                return step(spec)
-            except (PySparkException, Py4JJavaError) as exc:
-                if not is_conflict(exc):
-                    raise
-                log.warning("%s: lost a commit race; redoing it from the new state (attempt %d)",
-                            spec.qualified, attempt + 1)  # fmt: skip
-        try:
-            return step(spec)
-        except (PySparkException, Py4JJavaError) as exc:
-            if not is_conflict(exc):
-                raise
-            raise ConcurrentWriteError(
-                f"{spec.qualified}: another writer committed the table first {CONFLICT_ATTEMPTS} times in a "
-                "row; nothing of this batch is acknowledged. Run the CDC apply and the re-snapshot loads of "
-                "one lake in one Airflow pool (the task groups' pool=), then re-run this task"
-            ) from exc
+        return results
 
     def _tag_cut(self) -> None:
         """Tag the cut once every table of the manifest holds the batch (a partial run does not).
@@ -484,7 +443,8 @@ def apply_manifest(
         if unknown:
             raise ApplyError(f"--tables names {sorted(unknown)} not in manifest {manifest_path}")
         specs = [s for s in specs if s.qualified in wanted]
-    return ApplyJob(spark, lake_tables, manifest, manifest_path).run(specs, parallelism)
+    with interpreted_if_small(spark, manifest):
+        return ApplyJob(spark, lake_tables, manifest, manifest_path).run(specs, parallelism)
 
 
 def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication import advance_slot, connect
 from airflow_provider_postgres_cdc.spark import apply_batch as job
-from airflow_provider_postgres_cdc.spark import iceberg
+from airflow_provider_postgres_cdc.spark import iceberg, table_runs
 from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.integration.spark.iceberg_support import LakeReader
 from tests.integration.spark.spark_staging import (
@@ -259,7 +259,7 @@ def test_a_multiset_batch_that_loses_a_race_is_redone_from_the_new_state(
         return verdict
 
     monkeypatch.setattr(iceberg.IcebergTables, "merge", racing)
-    monkeypatch.setattr(job, "is_conflict", conflict_seen)
+    monkeypatch.setattr(table_runs, "is_conflict", conflict_seen)
     assert lake.apply(b2) == [("applied", len(above))]  # redone from the re-snapshot's base
     assert events == [statement.upper(), "conflict"]
     monkeypatch.undo()

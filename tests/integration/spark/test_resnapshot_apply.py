@@ -24,7 +24,7 @@ from airflow_provider_postgres_cdc import errors
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake, tag_name
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.spark import apply_batch as job
-from airflow_provider_postgres_cdc.spark import iceberg
+from airflow_provider_postgres_cdc.spark import iceberg, table_runs
 from airflow_provider_postgres_cdc.spark.session import register_lake
 from tests.integration.spark.iceberg_support import LakeReader, competing_writer
 from tests.integration.spark.spark_staging import (
@@ -323,7 +323,7 @@ def test_racing_batch_and_resnapshot_load_both_land(
         return verdict
 
     monkeypatch.setattr(iceberg.IcebergTables, method, racing)
-    monkeypatch.setattr(job, "is_conflict", conflict_seen)
+    monkeypatch.setattr(table_runs, "is_conflict", conflict_seen)
     assert lake.apply(first) == [("applied" if loser == "batch" else "loaded", 4)]  # the changes >= s
     assert events == ["raced", "conflict"]
     monkeypatch.undo()
@@ -358,7 +358,7 @@ def test_a_table_lost_on_every_attempt_names_the_pool_advice(
 
     monkeypatch.setattr(iceberg.IcebergTables, "merge", counted)
     monkeypatch.setattr(job, "temp_view", lambda df: real_view(df.where(competitor)))
-    n = job.CONFLICT_ATTEMPTS
+    n = table_runs.CONFLICT_ATTEMPTS
     with pytest.raises(
         errors.ConcurrentWriteError,
         match=rf"public\.orders: another writer committed the table first {n} times .*one Airflow pool",

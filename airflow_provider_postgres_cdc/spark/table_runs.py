@@ -1,0 +1,100 @@
+"""How the apply job runs one step per table: several tables at once, each redone on a lost race.
+
+Each table's step makes its own Iceberg commits, so tables are independent: they run on a bounded
+pool of threads, each thread's Spark jobs in a scheduler pool of its own (under
+``spark.scheduler.mode=FAIR`` a large table then does not hold up the small ones). A step that
+loses a commit race to another writer is redone from the new state. A table that fails lets the
+others finish theirs; the run then fails with the first error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TypeVar
+
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+from airflow_provider_postgres_cdc.errors import ApplyError, ConcurrentWriteError
+from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
+from airflow_provider_postgres_cdc.spark.iceberg import is_conflict
+
+log = logging.getLogger("postgres_cdc.apply")
+
+# Times one table is redone when another writer commits it first.
+CONFLICT_ATTEMPTS = 5
+# Up to this many changes (a snapshot: rows), the job's queries are interpreted, not compiled.
+INTERPRETED_ROWS = 100_000
+_Result = TypeVar("_Result")
+
+
+def run_tables(
+    spark: SparkSession,
+    specs: Sequence[TableManifest],
+    step: Callable[[TableManifest], _Result],
+    parallelism: int,
+) -> list[_Result]:
+    """``step`` for every table, up to ``parallelism`` at once; the results in ``specs``' order."""
+    if parallelism < 1:
+        raise ApplyError(f"--table-parallelism must be a positive number, not {parallelism}")
+
+    def one(spec: TableManifest) -> _Result:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
+        return with_retries(step, spec)
+
+    with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pgl-table") as pool:
+        futures = [pool.submit(one, spec) for spec in specs]
+    failures = [(spec, f.exception()) for spec, f in zip(specs, futures, strict=True) if f.exception()]
+    for spec, error in failures:
+        log.error("%s: failed: %s", spec.qualified, error)
+    if failures:
+        raise failures[0][1]  # type: ignore[misc]
+    return [f.result() for f in futures]
+
+
+def with_retries(step: Callable[[TableManifest], _Result], spec: TableManifest) -> _Result:
+    """Run one table's step; when another writer commits first, redo it from the new state."""
+    for attempt in range(1, CONFLICT_ATTEMPTS):
+        try:
+            return step(spec)
+        except (PySparkException, Py4JJavaError) as exc:
+            if not is_conflict(exc):
+                raise
+            log.warning("%s: lost a commit race; redoing it from the new state (attempt %d)",
+                        spec.qualified, attempt + 1)  # fmt: skip
+    try:
+        return step(spec)
+    except (PySparkException, Py4JJavaError) as exc:
+        if not is_conflict(exc):
+            raise
+        raise ConcurrentWriteError(
+            f"{spec.qualified}: another writer committed the table first {CONFLICT_ATTEMPTS} times in a "
+            "row; nothing of this batch is acknowledged. Run the CDC apply and the re-snapshot loads of "
+            "one lake in one Airflow pool (the task groups' pool=), then re-run this task"
+        ) from exc
+
+
+@contextmanager
+def interpreted_if_small(spark: SparkSession, manifest: Manifest) -> Iterator[None]:
+    """Evaluate a small manifest's queries without generating code for them, for the block.
+
+    In a fresh JVM, compiling each query's generated Java costs far more than running it on a few
+    thousand rows: an OLTP batch of six tables spends about 10 of its 40 s there (docs/LAKE.md).
+    Above :data:`INTERPRETED_ROWS` changes (a snapshot: rows) compiled code pays for itself. A
+    setting the session has already (given to spark-submit) wins.
+    """
+    size = manifest.stats.changes if manifest.kind == "batch" else sum(t.rows for t in manifest.tables)
+    settings = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+    chosen = [key for key in settings if size <= INTERPRETED_ROWS and spark.conf.get(key, None) is None]
+    for key in chosen:
+        spark.conf.set(key, settings[key])
+    try:
+        yield
+    finally:
+        for key in chosen:
+            spark.conf.unset(key)
