@@ -40,22 +40,30 @@ def pyiceberg_properties(config: LakeConfig) -> dict[str, str]:
             "jdbc, rest, hive or glue catalog (a Hadoop catalog has no pyiceberg client)"
         )
     uri = props.pop("uri", "")
-    user, password = props.pop("jdbc.user", ""), props.pop("jdbc.password", "")
-    props.pop("jdbc.schema-version", None)
+    jdbc = {**lake.jdbc_defaults(uri), **{k: v for k, v in props.items() if k.startswith("jdbc.")}}
     props = {k: v for k, v in props.items() if not k.startswith("jdbc.")}
     props["type"] = "sql"
-    props["uri"] = sqlalchemy_url(uri, user, password)
+    busy_ms = int(jdbc[lake.BUSY_TIMEOUT]) if lake.BUSY_TIMEOUT in jdbc else None
+    props["uri"] = sqlalchemy_url(uri, jdbc.get("jdbc.user", ""), jdbc.get("jdbc.password", ""), busy_ms)
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("/"):
         props["warehouse"] = f"file://{warehouse}"
     return props
 
 
-def sqlalchemy_url(jdbc_uri: str, user: str = "", password: str = "") -> str:
-    """A JDBC catalog URI as SQLAlchemy's URL (``jdbc:sqlite:/p`` -> ``sqlite:////p``)."""
-    if jdbc_uri.startswith("jdbc:sqlite:"):
-        path = jdbc_uri[len("jdbc:sqlite:") :]
-        return f"sqlite:///{path}"
+def sqlalchemy_url(
+    jdbc_uri: str, user: str = "", password: str = "", busy_timeout_ms: int | None = None
+) -> str:
+    """A JDBC catalog URI as SQLAlchemy's URL (``jdbc:sqlite:/p`` -> ``sqlite:////p``).
+
+    A SQLite catalog's busy timeout (``jdbc.busy_timeout``, milliseconds) becomes Python sqlite3's
+    ``timeout`` (seconds), which SQLAlchemy takes from the URL's query.
+    """
+    if jdbc_uri.startswith(lake.SQLITE_JDBC):
+        url = f"sqlite:///{jdbc_uri[len(lake.SQLITE_JDBC) :]}"
+        if busy_timeout_ms is not None:
+            url += f"{'&' if '?' in url else '?'}timeout={busy_timeout_ms / 1000:g}"
+        return url
     if jdbc_uri.startswith("jdbc:postgresql:"):
         parsed = urlparse(jdbc_uri[len("jdbc:") :])
         auth = ""

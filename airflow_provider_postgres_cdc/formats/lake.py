@@ -117,9 +117,9 @@ class LakeConfig:
         """The Spark properties that register the catalog (``--conf`` of spark-submit).
 
         The catalog's table cache is off: a job reads a table's state fresh, since another job
-        (a re-snapshot load, a retry) may have committed since. A JDBC catalog keeps Iceberg's
-        V1 schema, the one pyiceberg's SQL catalog shares. A name rule other than "preserve"
-        travels as :data:`NAMES_CONF`, which the jobs read (``spark/job.py``).
+        (a re-snapshot load, a retry) may have committed since. A JDBC catalog gets
+        :func:`jdbc_defaults` unless its properties say otherwise. A name rule other than
+        "preserve" travels as :data:`NAMES_CONF`, which the jobs read (``spark/job.py``).
         """
         prefix = f"spark.sql.catalog.{self.catalog}"
         conf = {
@@ -128,7 +128,8 @@ class LakeConfig:
             f"{prefix}.cache-enabled": "false",
         }
         if self.catalog_type == "jdbc":
-            conf[f"{prefix}.jdbc.schema-version"] = "V1"
+            defaults = jdbc_defaults(str(self.properties.get("uri", "")))
+            conf.update({f"{prefix}.{key}": value for key, value in defaults.items()})
         properties = dict(self.properties)
         # pyiceberg's name of the region is s3.region; Iceberg's S3FileIO reads client.region.
         if "s3.region" in properties:
@@ -271,6 +272,36 @@ class LakeConfig:
         if not isinstance(data, Mapping):
             raise LakeConfigError("lake configuration must be a JSON object")
         return cls.from_mapping(data)
+
+
+SQLITE_JDBC = "jdbc:sqlite:"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a writer of a SQLite catalog waits for another writer's lock before it fails."""
+BUSY_TIMEOUT = "jdbc.busy_timeout"
+INIT_CATALOG_TABLES = "jdbc.init-catalog-tables"
+
+
+def jdbc_defaults(uri: str) -> dict[str, str]:
+    """The properties a JDBC catalog at ``uri`` gets unless the lake sets them itself.
+
+    Iceberg's V1 schema, the one pyiceberg's SQL catalog shares. SQLite lets one connection write
+    at a time, and several write one lake at once (a re-snapshot load beside the apply, a test's
+    session beside a spark-submit job), so a SQLite catalog also gets:
+
+    * ``busy_timeout``: a writer waits for the other's lock instead of failing with
+      ``SQLITE_BUSY`` (Iceberg hands ``jdbc.*`` properties to the driver, and sqlite-jdbc reads
+      this one; pyiceberg's SQLAlchemy URL gets the same wait, ``engine/lake_catalog.py``);
+    * ``init-catalog-tables=false``: when Iceberg's JDBC catalog opens with its tables already
+      there, it leaves its "does the table exist" query open, and that query's read lock stays
+      for as long as the catalog lives: no other connection to the file could commit, whatever
+      the timeout. The Spark jobs create the tables beforehand with a catalog they close
+      (``spark/sqlite_catalog.py``) and open theirs without that check.
+    """
+    defaults = {"jdbc.schema-version": "V1"}
+    if uri.startswith(SQLITE_JDBC):
+        defaults[BUSY_TIMEOUT] = str(SQLITE_BUSY_TIMEOUT_MS)
+        defaults[INIT_CATALOG_TABLES] = "false"
+    return defaults
 
 
 # Iceberg's Spark runtime artifacts: one per Spark line and Scala version (docs/LAKE.md, "Versions").

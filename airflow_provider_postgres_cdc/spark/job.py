@@ -25,6 +25,7 @@ from airflow_provider_postgres_cdc.formats.lake import (
     iceberg_runtime_problem,
 )
 from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
+from airflow_provider_postgres_cdc.spark.sqlite_catalog import create_catalog_tables
 
 JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
 
@@ -47,6 +48,7 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
     checkpoints = _use_checkpoint_dir(spark)
     try:
         check_iceberg_runtime(spark)
+        create_catalog_tables(spark, args.catalog)
         names = cast(NameRule, spark.conf.get(NAMES_CONF, None) or "preserve")  # LakeConfig checks it
         config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix, names=names)
         for line in body(spark, config, args):

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.formats.lake import SPARK_EXTENSIONS, LakeConfig
 from airflow_provider_postgres_cdc.spark import local_jars
+from airflow_provider_postgres_cdc.spark.sqlite_catalog import create_catalog_tables
 
 
 def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
@@ -41,3 +42,4 @@ def register_lake(spark: SparkSession, config: LakeConfig) -> None:
     for key, value in config.spark_conf().items():
         if key != "spark.sql.extensions":
             spark.conf.set(key, value)
+    create_catalog_tables(spark, config.catalog)

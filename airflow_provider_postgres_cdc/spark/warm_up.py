@@ -11,11 +11,14 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from airflow_provider_postgres_cdc.spark.sqlite_catalog import create_catalog_tables
+
 
 def warm_up(scratch: str) -> None:
     """What the package's jobs do, in small: Parquet in and out, checkpoints, an Iceberg table
     created, appended, merged into, deleted from, tagged and read back through the JDBC catalog."""
     spark = SparkSession.builder.getOrCreate()
+    create_catalog_tables(spark, "warm")
     staged = spark.range(200).selectExpr(
         "id",
         "cast(id % 7 as string) AS op",

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
+from pathlib import Path
 
 import pytest
 
-from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties, sqlalchemy_url
+from airflow_provider_postgres_cdc.engine.lake_catalog import (
+    open_catalog,
+    pyiceberg_properties,
+    sqlalchemy_url,
+)
 from airflow_provider_postgres_cdc.errors import LakeCatalogError, LakeConfigError
 from airflow_provider_postgres_cdc.formats import lake
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, iceberg_runtime_problem, local_lake
@@ -35,6 +42,16 @@ def test_spark_conf_registers_the_catalog_with_its_properties() -> None:
     assert conf["spark.sql.catalog.lake.jdbc.schema-version"] == "V1"
     assert conf["spark.sql.catalog.lake.cache-enabled"] == "false"
     assert conf["spark.sql.extensions"] == lake.SPARK_EXTENSIONS
+
+
+def test_a_sqlite_catalog_waits_for_other_writers_and_leaves_its_tables_to_the_job() -> None:
+    conf = local_lake("/data/lake").spark_conf()
+    assert conf["spark.sql.catalog.lake.jdbc.busy_timeout"] == str(lake.SQLITE_BUSY_TIMEOUT_MS)
+    assert conf["spark.sql.catalog.lake.jdbc.init-catalog-tables"] == "false"
+    own = LakeConfig("lake", {"type": "jdbc", "uri": "jdbc:sqlite:/c.db", "jdbc.busy_timeout": "500"})
+    assert own.spark_conf()["spark.sql.catalog.lake.jdbc.busy_timeout"] == "500"  # the lake's own wins
+    postgres = LakeConfig("lake", {"type": "jdbc", "uri": "jdbc:postgresql://db/ice"}).spark_conf()
+    assert not any(key.endswith(("busy_timeout", "init-catalog-tables")) for key in postgres)
 
 
 @pytest.mark.parametrize("name", ["", "my-lake", "lake.x", "la ke"])
@@ -82,11 +99,24 @@ def test_jdbc_catalogs_translate_to_sqlalchemy_for_pyiceberg() -> None:
     props = pyiceberg_properties(local_lake("/data/lake"))
     assert props == {
         "type": "sql",
-        "uri": "sqlite:////data/lake/catalog.db",
+        "uri": f"sqlite:////data/lake/catalog.db?timeout={lake.SQLITE_BUSY_TIMEOUT_MS // 1000}",
         "warehouse": "file:///data/lake/warehouse",
     }
     url = sqlalchemy_url("jdbc:postgresql://db:5432/iceberg?sslmode=require", "ice berg", "p@ss:/w")
     assert url == "postgresql+psycopg2://ice%20berg:p%40ss%3A%2Fw@db:5432/iceberg?sslmode=require"
+
+
+def test_pyiceberg_waits_for_a_writer_of_the_sqlite_catalog_as_long_as_spark_does(tmp_path: Path) -> None:
+    catalog = open_catalog(local_lake(str(tmp_path)))
+    _, connect = catalog.engine.dialect.create_connect_args(catalog.engine.url)
+    assert connect["timeout"] == lake.SQLITE_BUSY_TIMEOUT_MS / 1000  # Python's sqlite3 waits 5 s by default
+    writer = sqlite3.connect(tmp_path / "catalog.db", check_same_thread=False)
+    writer.execute("BEGIN EXCLUSIVE")  # another writer (a Spark job's commit) holds the file a moment
+    released = threading.Timer(0.5, writer.rollback)
+    released.start()
+    catalog.create_namespace("waited")
+    released.join()
+    assert ("waited",) in catalog.list_namespaces()
 
 
 def test_catalogs_pyiceberg_cannot_open_are_named() -> None:
