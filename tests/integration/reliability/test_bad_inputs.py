@@ -202,6 +202,22 @@ CATALOGUE: tuple[BadInput, ...] = (
         "Pass the ack the manifest its own slot's drain produced.",
     ),
     BadInput(
+        "slot-short",
+        "the batch ends past this server's WAL: it was drained from another server (a primary that died "
+        "before its standby had everything)",
+        "ack",
+        "SlotShortOfBatchError",
+        (
+            "short of the batch's end",
+            "The slot is not acknowledged",
+            "Point the connection at the server the batch was drained from",
+            RECOVERY_DAG,
+        ),
+        "Point the source connection at the server the batch was drained from; if that server is gone, "
+        f"drop the slot (`SELECT pg_drop_replication_slot('<slot>')`) and trigger `{RECOVERY_DAG}` to "
+        "reload the lake from this one. The slot did not move.",
+    ),
+    BadInput(
         "incompatible-schema",
         "a column's type changed in a way Iceberg cannot promote (int to text)",
         "apply job",
@@ -564,6 +580,27 @@ def catalog_gone(env: Env) -> Outcome:
     return outcome
 
 
+def slot_short(env: Env) -> Outcome:
+    """An empty batch whose end lies past the server's WAL, as one drained from a lost primary."""
+    from airflow_provider_postgres_cdc.engine.staging import StagingLocation
+    from airflow_provider_postgres_cdc.replication import describe_slot
+
+    _published(env)
+    env.slot("cdc")
+    env.sql("CREATE TABLE other (id int); INSERT INTO other VALUES (1)")  # not published: nothing staged
+    batch = env.drain()
+    elsewhere = replace(batch.manifest, end_lsn=Lsn(batch.manifest.end_lsn + (1 << 30)))
+    location = StagingLocation.resolve(str(env.tmp / "staging"))
+    uri = location.write_manifest(str(env.tmp / "staging" / "cdc" / batch.manifest.batch_id), elsewhere)
+    (env.tmp / "lake").mkdir()
+    conn = connect(env.dsn)
+    before = describe_slot(conn, "cdc").confirmed_flush_lsn
+    outcome = _lake_ack(env, "cdc", uri, env.tmp / "lake")
+    assert describe_slot(conn, "cdc").confirmed_flush_lsn == before
+    conn.close()
+    return outcome
+
+
 def foreign_manifest(env: Env) -> Outcome:
     _published(env)
     env.slot("cdc", "cdc_other")
@@ -741,6 +778,7 @@ RUNS: dict[str, Callable[[Env], Outcome]] = {
     "refused-warehouse": refused_warehouse,
     "catalog-gone": catalog_gone,
     "foreign-manifest": foreign_manifest,
+    "slot-short": slot_short,
     "incompatible-schema": incompatible_schema,
     "malformed-pgoutput": malformed_pgoutput,
     "copy-cut": copy_cut,
