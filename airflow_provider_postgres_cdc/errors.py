@@ -124,6 +124,10 @@ class LakeCatalogError(PostgresCdcError):
     """The lake's Iceberg catalog cannot be opened or read from Python (pyiceberg)."""
 
 
+class LakeStorageError(PostgresCdcError):
+    """The lake's object store refused the warehouse: no such bucket, or the credentials are wrong."""
+
+
 class ManifestFormatError(PostgresCdcError, ValueError):
     """A manifest's JSON does not follow format version 1 (missing key, wrong kind or version)."""
 

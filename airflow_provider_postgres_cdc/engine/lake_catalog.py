@@ -15,7 +15,8 @@ from urllib.parse import quote, urlparse
 
 import pyarrow as pa
 
-from airflow_provider_postgres_cdc.errors import LakeCatalogError
+from airflow_provider_postgres_cdc.engine.object_store import bucket_problem
+from airflow_provider_postgres_cdc.errors import LakeCatalogError, LakeStorageError
 from airflow_provider_postgres_cdc.formats import lake, lake_index
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
@@ -112,6 +113,50 @@ def check_catalog(config: LakeConfig, source: str) -> None:
         open_catalog(config)
     except LakeCatalogError as exc:
         raise LakeCatalogError(f"{source}: {exc}") from None
+
+
+def check_warehouse(config: LakeConfig, source: str) -> None:
+    """Raise :class:`LakeStorageError`, naming the bucket and ``source``, unless an ``s3://`` warehouse's
+    bucket exists and answers the lake's storage credentials (one HEAD request).
+
+    The bucket is reached as the Spark jobs will write it: through pyiceberg's FileIO for the lake's
+    properties (``s3.endpoint``, ``s3.access-key-id``, ...). A REST catalog's warehouse is the
+    catalog's business (often a name, not a location; the catalog may vend credentials), and a
+    catalog pyiceberg cannot open (Hadoop) keeps Spark's own settings: neither is checked here.
+    """
+    warehouse = str(config.properties.get("warehouse", ""))
+    scheme, _, rest = warehouse.partition("://")
+    if config.catalog_type == "rest" or scheme not in ("s3", "s3a") or not rest.split("/", 1)[0]:
+        return
+    try:
+        properties = pyiceberg_properties(config)
+    except LakeCatalogError:
+        return
+    from pyiceberg.io import load_file_io
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    io = load_file_io(properties, warehouse)
+    bucket = rest.split("/", 1)[0]
+    if not isinstance(io, PyArrowFileIO):
+        return
+    problem = bucket_problem(io.fs_by_scheme("s3", bucket), bucket)
+    if problem is None:
+        return
+    endpoint = properties.get("s3.endpoint")
+    where = f" at {endpoint}" if endpoint else ""
+    detail = problem.detail.splitlines()[0][:300] if problem.detail else ""
+    secret = properties.get("s3.secret-access-key")
+    detail = detail.replace(secret, "***") if secret else detail
+    fix = {
+        "missing": f"bucket {bucket!r} of the lake's warehouse {warehouse} does not exist{where}: create "
+        "it, or correct the warehouse (and s3.endpoint)",
+        "refused": f"the object store{where} refused the lake's credentials for bucket {bucket!r} of its "
+        f"warehouse {warehouse} ({detail}): correct s3.access-key-id and s3.secret-access-key in the lake "
+        "connection's properties (or the credentials the workers' environment gives)",
+        "unreachable": f"cannot reach bucket {bucket!r} of the lake's warehouse {warehouse}{where} "
+        f"({detail}): check s3.endpoint and the network",
+    }[problem.kind]
+    raise LakeStorageError(f"{source}: {fix}. Nothing was submitted and the slot did not move.")
 
 
 def load_table(catalog: Any, config: LakeConfig, schema: str, table: str) -> Any | None:

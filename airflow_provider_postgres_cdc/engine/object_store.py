@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pyarrow.fs as pafs
 
@@ -94,6 +95,24 @@ class S3Options:
         return text
 
 
+@dataclass(frozen=True, slots=True)
+class BucketProblem:
+    """Why a bucket cannot be used: ``missing``, ``refused`` (the credentials) or ``unreachable``."""
+
+    kind: Literal["missing", "refused", "unreachable"]
+    detail: str = ""
+
+
+def bucket_problem(filesystem: pafs.FileSystem, bucket: str) -> BucketProblem | None:
+    """What keeps ``bucket`` from being used through ``filesystem`` (one HEAD request), or None."""
+    try:
+        info = filesystem.get_file_info(bucket)
+    except OSError as exc:
+        detail = str(exc)
+        return BucketProblem("refused" if any(f in detail for f in _REFUSED) else "unreachable", detail)
+    return BucketProblem("missing") if info.type == pafs.FileType.NotFound else None
+
+
 def check_access(filesystem: pafs.FileSystem, root: str, uri: str, options: S3Options | None = None) -> None:
     """Raise :class:`StagingAccessError` unless the bucket of ``root`` exists and answers these credentials.
 
@@ -107,23 +126,23 @@ def check_access(filesystem: pafs.FileSystem, root: str, uri: str, options: S3Op
     bucket = root.strip("/").split("/", 1)[0]
     where = f" at {options.endpoint_url}" if options is not None and options.endpoint_url else ""
     key = f" with access key id {options.access_key!r}" if options is not None and options.access_key else ""
-    try:
-        info = filesystem.get_file_info(bucket)
-    except OSError as exc:
-        detail = options.scrub(str(exc)) if options is not None else str(exc)
-        if any(fragment in detail for fragment in _REFUSED):
-            raise StagingAccessError(
-                f"the object store{where} refused access to bucket {bucket!r} of staging {uri}{key} "
-                f"({detail}): "
-                "check the staging connection's access key id and secret (login and password of its aws "
-                "connection) and the bucket's policy. Nothing was staged and the slot did not move."
-            ) from None
+    problem = bucket_problem(filesystem, bucket)
+    if problem is None:
+        return
+    detail = options.scrub(problem.detail) if options is not None else problem.detail
+    if problem.kind == "refused":
+        raise StagingAccessError(
+            f"the object store{where} refused access to bucket {bucket!r} of staging {uri}{key} "
+            f"({detail}): "
+            "check the staging connection's access key id and secret (login and password of its aws "
+            "connection) and the bucket's policy. Nothing was staged and the slot did not move."
+        )
+    if problem.kind == "unreachable":
         raise StagingAccessError(
             f"cannot reach bucket {bucket!r} of staging {uri}{where} ({detail}): check the endpoint and the "
             "network. Nothing was staged and the slot did not move."
-        ) from None
-    if info.type == pafs.FileType.NotFound:
-        raise StagingAccessError(
-            f"bucket {bucket!r} of staging {uri} does not exist{where}: create it (or correct the staging "
-            "URI); the pipeline never creates buckets. Nothing was staged and the slot did not move."
         )
+    raise StagingAccessError(
+        f"bucket {bucket!r} of staging {uri} does not exist{where}: create it (or correct the staging "
+        "URI); the pipeline never creates buckets. Nothing was staged and the slot did not move."
+    )

@@ -64,13 +64,14 @@ class LakeSparkJobOperator(SparkSubmitOperator):
         return {}
 
     def execute(self, context: Context) -> None:
-        from airflow_provider_postgres_cdc.engine.lake_catalog import check_catalog
+        from airflow_provider_postgres_cdc.engine.lake_catalog import check_catalog, check_warehouse
         from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings
 
         lake = self._get_lake_hook().get_conn()
-        # A catalog that is down or refuses the credentials fails here, in a second, naming the
-        # connection, rather than after a spark-submit's start-up.
+        # A catalog that is down or refuses the credentials, or a warehouse bucket that is missing or
+        # refuses them, fails here, in a second, naming the connection, not after a spark-submit's start-up.
         check_catalog(lake, f"lake connection {self.lake_conn_id!r}")
+        check_warehouse(lake, f"lake connection {self.lake_conn_id!r}")
         if not self.jars and not self.packages:
             self.jars = local_jars() or None
         args = ["--catalog", lake.catalog]

@@ -1,7 +1,9 @@
 """The command-line frame every Spark job of the package shares: arguments, session, exit status.
 
 Exit status 0 on success (the job's JSON lines on stdout), 2 on an error a user must act on (a
-:class:`PostgresCdcError`: message on stderr), 1 on anything unexpected (traceback on stderr).
+:class:`PostgresCdcError`, or a failure of the lake's catalog or object store that
+``lake_failures`` recognises: its class and message on stderr), 1 on anything unexpected
+(traceback on stderr).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from airflow_provider_postgres_cdc.formats.lake import (
     iceberg_runtime_problem,
 )
 from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
+from airflow_provider_postgres_cdc.spark.lake_failures import JobLake, java_text, lake_failure
 from airflow_provider_postgres_cdc.spark.sqlite_catalog import create_catalog_tables
+from airflow_provider_postgres_cdc.spark.staged import base_dir
 
 JobBody = Callable[[SparkSession, LakeConfig, argparse.Namespace], list[dict[str, Any]]]
 
@@ -55,9 +59,11 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
             print(json.dumps(line))
         return 0
     except PostgresCdcError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception:
+        return _user_error(parser.prog, exc)
+    except Exception as exc:
+        failure = lake_failure(java_text(exc), job_lake(spark, args))
+        if failure is not None:
+            return _user_error(parser.prog, failure)
         print(f"{parser.prog}: unexpected failure:\n{traceback.format_exc()}", file=sys.stderr)
         return 1
     finally:
@@ -65,6 +71,25 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
             _delete(spark, checkpoints)
         if started_here:
             spark.stop()
+
+
+def _user_error(prog: str, exc: PostgresCdcError) -> int:
+    """Print an error the user must act on, named by its class (README "Troubleshooting"): status 2."""
+    print(f"{prog}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 2
+
+
+def job_lake(spark: SparkSession, args: argparse.Namespace) -> JobLake:
+    """Where the job writes and reads, as its messages name it: the catalog's uri and warehouse,
+    and the directory of the manifest it applies (for the jobs that take one)."""
+    prefix = f"spark.sql.catalog.{args.catalog}"
+    manifest = str(getattr(args, "manifest", "") or "")
+    return JobLake(
+        catalog=args.catalog,
+        catalog_uri=spark.conf.get(f"{prefix}.uri", "") or "",
+        warehouse=spark.conf.get(f"{prefix}.warehouse", "") or "",
+        staging=base_dir(manifest) if manifest else "",
+    )
 
 
 def check_iceberg_runtime(spark: SparkSession) -> None:

@@ -3,20 +3,24 @@ must hold (the fix among them). README.md's "Troubleshooting" table is checked a
 
 Each case runs what a user runs (an engine function, an operator, the ``pgcdc`` command) against
 the real server: the session's cluster, or a throwaway one where the server itself must be wrong
-(``wal_level=replica``; a 1 MB ``max_slot_wal_keep_size`` to lose a slot). The Spark case is marked
-``spark``: run it under the machine's lock (``-m spark``), the others with ``-m "not spark"``.
+(``wal_level=replica``; a 1 MB ``max_slot_wal_keep_size`` to lose a slot). The Spark cases are marked
+``spark``: run them under the machine's lock (``-m spark``), the others with ``-m "not spark"``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
 import re
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ from psycopg2 import sql
 from airflow_provider_postgres_cdc.engine.drain import DrainResult, DrainSettings, drain_batch
 from airflow_provider_postgres_cdc.engine.snapshot import SnapshotProgress, take_snapshot
 from airflow_provider_postgres_cdc.errors import RECOVERY_DAG
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
 from airflow_provider_postgres_cdc.replication import connect, connect_replication, create_slot
@@ -150,12 +155,67 @@ CATALOGUE: tuple[BadInput, ...] = (
         "slot stays put, run the task again.",
     ),
     BadInput(
+        "missing-warehouse",
+        "the lake's `s3://` warehouse bucket does not exist",
+        "apply, maintenance (before spark-submit); the Spark jobs",
+        "LakeStorageError",
+        (
+            "bucket 'nowhere' of the lake's warehouse s3://nowhere/lake does not exist",
+            "correct the lake connection's warehouse",
+            "the slot did not move",
+        ),
+        "Create the bucket, or correct the lake connection's `warehouse` (and `s3.endpoint`); nothing was "
+        "acknowledged, run the task again.",
+        spark=True,
+    ),
+    BadInput(
+        "refused-warehouse",
+        "the object store refuses the lake's S3 keys when the Spark job writes the warehouse",
+        "apply, maintenance",
+        "LakeStorageError",
+        (
+            "refused the Spark job's credentials for bucket 'warehouse'",
+            "Status Code: 403",
+            "s3.secret-access-key",
+            "the slot did not move",
+        ),
+        "Correct `s3.access-key-id` / `s3.secret-access-key` in the lake connection's properties (or the "
+        "credentials the catalog vends); nothing was acknowledged, run the task again.",
+        spark=True,
+    ),
+    BadInput(
+        "catalog-gone",
+        "the REST catalog goes down while the Spark job runs, before its commit",
+        "apply job",
+        "CatalogError",
+        ("stopped answering during the job", "failed to respond", "the slot did not move"),
+        "Bring the catalog back (or correct the lake connection's URL); nothing was acknowledged, run the "
+        "task again: tables that hold the batch already are skipped.",
+        spark=True,
+    ),
+    BadInput(
         "foreign-manifest",
         "the ack was given a manifest drained from another slot",
         "ack",
         "ManifestSlotMismatchError",
         ("belongs to slot 'cdc', not 'cdc_other'", "pass the manifest drained from this slot"),
         "Pass the ack the manifest its own slot's drain produced.",
+    ),
+    BadInput(
+        "slot-short",
+        "the batch ends past this server's WAL: it was drained from another server (a primary that died "
+        "before its standby had everything)",
+        "ack",
+        "SlotShortOfBatchError",
+        (
+            "short of the batch's end",
+            "The slot is not acknowledged",
+            "Point the connection at the server the batch was drained from",
+            RECOVERY_DAG,
+        ),
+        "Point the source connection at the server the batch was drained from; if that server is gone, "
+        f"drop the slot (`SELECT pg_drop_replication_slot('<slot>')`) and trigger `{RECOVERY_DAG}` to "
+        "reload the lake from this one. The slot did not move.",
     ),
     BadInput(
         "incompatible-schema",
@@ -412,6 +472,135 @@ def refused_catalog(env: Env) -> Outcome:
         return raised(lambda: apply.execute({}))  # type: ignore[arg-type]
 
 
+def _job(lake: LakeConfig, manifest: str) -> Outcome:
+    """The apply job as spark-submit runs it (``main``), in the run's shared session: its error line."""
+    from airflow_provider_postgres_cdc.spark import apply_batch
+    from airflow_provider_postgres_cdc.spark.session import local_session, register_lake
+
+    register_lake(local_session("postgres-cdc-bad-inputs", cores=1), lake)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        status = apply_batch.main(["--catalog", lake.catalog, "--manifest", manifest])
+    found = re.search(r"^apply_batch\.py: error: (\w+): (.*)$", stderr.getvalue(), flags=re.MULTILINE)
+    assert status == 2 and found, stderr.getvalue()[-3000:]
+    return Outcome(found[1], found[2])
+
+
+def _snapshot(env: Env, rows: int = 10) -> str:
+    """A published table ``t`` of ``rows`` rows, its snapshot staged (slot ``cdc``): the manifest."""
+    _published(env)
+    env.sql(f"INSERT INTO t SELECT g, g FROM generate_series(1, {rows}) g")
+    return take_snapshot(env.dsn, "cdc", ["pub"], str(env.tmp / "staging"))[0]
+
+
+def _unique(name: str) -> str:
+    """A catalog name of its own in the run's shared Spark session."""
+    return f"{name}_{uuid.uuid4().hex[:8]}"
+
+
+def _applied_end(lake: LakeConfig) -> Lsn | None:
+    """Where the lake table of ``public.t`` stands, read with pyiceberg (None: no pipeline commit)."""
+    from airflow_provider_postgres_cdc.engine.lake_catalog import load_table, open_catalog, table_state
+
+    table = load_table(open_catalog(lake), lake, "public", "t")
+    state = table_state(table) if table is not None else None
+    return state.applied_end_lsn if state is not None else None
+
+
+def missing_warehouse(env: Env) -> Outcome:
+    """A SQLite catalog whose warehouse names a bucket the store lacks: the apply operator stops
+    before spark-submit, in seconds; the job itself (submitted by hand) says the same."""
+    from airflow_provider_postgres_cdc.hooks.lake import connection_json
+    from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
+
+    s3: S3Server = env.request.getfixturevalue("s3_server")
+    manifest = _snapshot(env)
+    storage = {k: v for k, v in s3.rest_catalog_properties("warehouse").items() if k.startswith("s3.")}
+    lake = LakeConfig(
+        _unique("nowhere"),
+        {
+            "type": "jdbc", "uri": f"jdbc:sqlite:{env.tmp}/catalog.db", "warehouse": "s3://nowhere/lake",
+            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO", **storage,
+        },
+    )  # fmt: skip
+    env.monkeypatch.setenv("AIRFLOW_CONN_CATALOGUE_NOWHERE", connection_json(lake))
+    apply = PostgresCdcSparkApplyOperator(
+        task_id="apply", manifest=manifest, lake_conn_id="catalogue_nowhere"
+    )
+    started = time.monotonic()
+    preflight = raised(lambda: apply.execute({}))  # type: ignore[arg-type]
+    assert time.monotonic() - started < 10, "the preflight should not wait for spark-submit"
+    assert preflight.error == "LakeStorageError", preflight
+    assert "lake connection 'catalogue_nowhere': bucket 'nowhere'" in preflight.message
+    assert "Nothing was submitted and the slot did not move" in preflight.message
+    outcome = _job(lake, manifest)
+    assert _applied_end(lake) is None  # nothing applied
+    return outcome
+
+
+def refused_warehouse(env: Env) -> Outcome:
+    """A REST catalog that takes its credentials while the store refuses the job's S3 secret."""
+    s3: S3Server = env.request.getfixturevalue("s3_server")
+    manifest = _snapshot(env)
+    properties = s3.rest_catalog_properties("warehouse")
+    wrong = {**properties, "s3.secret-access-key": "not-the-secret"}
+    lake = LakeConfig(_unique("refused"), wrong, namespace_prefix=_unique("ns") + "_", names="portable")
+    outcome = _job(lake, manifest)
+    assert _applied_end(replace(lake, properties=properties)) is None  # nothing applied
+    return outcome
+
+
+def catalog_gone(env: Env) -> Outcome:
+    """A batch whose apply loses the REST catalog at the table's commit: the table stays at its snapshot."""
+    from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+    from airflow_provider_postgres_cdc.spark.session import local_session, register_lake
+    from tests.integration.lake.catalog_cut import CatalogCut
+
+    s3: S3Server = env.request.getfixturevalue("s3_server")
+    snapshot = _snapshot(env)
+    properties = s3.rest_catalog_properties("warehouse")
+    lake = LakeConfig(_unique("gone"), properties, namespace_prefix=_unique("ns") + "_", names="portable")
+    cut = CatalogCut(s3.host, s3.iceberg_port, table=lake.identifier("public", "t")[1])
+    through = replace(
+        lake, properties={**properties, "uri": cut.url, "oauth2-server-uri": f"{cut.url}/v1/oauth/tokens"}
+    )
+    try:
+        spark = local_session("postgres-cdc-bad-inputs", cores=1)
+        register_lake(spark, through)
+        apply_manifest(spark, snapshot, through)
+        loaded = _applied_end(lake)
+        env.sql("INSERT INTO t SELECT g, g FROM generate_series(11, 20) g")
+        batch = env.drain()
+        cut.armed.set()
+        outcome = _job(through, batch.manifest_uri)
+    finally:
+        cut.close()
+    assert cut.cut.is_set() and loaded is not None
+    assert _applied_end(lake) == loaded  # nothing of the batch applied
+    return outcome
+
+
+def slot_short(env: Env) -> Outcome:
+    """An empty batch whose end lies past the server's WAL, as one drained from a lost primary."""
+    from airflow_provider_postgres_cdc.engine.staging import StagingLocation
+    from airflow_provider_postgres_cdc.replication import describe_slot
+
+    _published(env)
+    env.slot("cdc")
+    env.sql("CREATE TABLE other (id int); INSERT INTO other VALUES (1)")  # not published: nothing staged
+    batch = env.drain()
+    elsewhere = replace(batch.manifest, end_lsn=Lsn(batch.manifest.end_lsn + (1 << 30)))
+    location = StagingLocation.resolve(str(env.tmp / "staging"))
+    uri = location.write_manifest(str(env.tmp / "staging" / "cdc" / batch.manifest.batch_id), elsewhere)
+    (env.tmp / "lake").mkdir()
+    conn = connect(env.dsn)
+    before = describe_slot(conn, "cdc").confirmed_flush_lsn
+    outcome = _lake_ack(env, "cdc", uri, env.tmp / "lake")
+    assert describe_slot(conn, "cdc").confirmed_flush_lsn == before
+    conn.close()
+    return outcome
+
+
 def foreign_manifest(env: Env) -> Outcome:
     _published(env)
     env.slot("cdc", "cdc_other")
@@ -585,7 +774,11 @@ RUNS: dict[str, Callable[[Env], Outcome]] = {
     "refused-staging": refused_staging,
     "unreachable-catalog": unreachable_catalog,
     "refused-catalog": refused_catalog,
+    "missing-warehouse": missing_warehouse,
+    "refused-warehouse": refused_warehouse,
+    "catalog-gone": catalog_gone,
     "foreign-manifest": foreign_manifest,
+    "slot-short": slot_short,
     "incompatible-schema": incompatible_schema,
     "malformed-pgoutput": malformed_pgoutput,
     "copy-cut": copy_cut,
@@ -597,7 +790,8 @@ RUNS: dict[str, Callable[[Env], Outcome]] = {
 
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[S3Server]:
-    with S3Server(buckets=["staging"]) as server:
+    """S3 with a staging bucket, and an Iceberg REST catalog whose warehouse is ``s3://warehouse/``."""
+    with S3Server(buckets=["staging"], table_buckets=["warehouse"]) as server:
         yield server
 
 

@@ -393,7 +393,7 @@ def test_main_exits_2_with_a_clear_message(
     missing = str(tmp_path / "nowhere" / "_manifest.json")
     assert job.main(["--manifest", missing, "--catalog", lake.config.catalog]) == 2
     err = capsys.readouterr().err
-    assert f"apply_batch.py: error: manifest {missing} does not exist" in err
+    assert f"apply_batch.py: error: ApplyError: manifest {missing} does not exist" in err
 
 
 @pytest.mark.spark
