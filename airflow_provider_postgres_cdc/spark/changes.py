@@ -133,13 +133,11 @@ def batch_facts(changes: DataFrame, first_key: str | None = None) -> BatchFacts:
         ).alias("unchanged"),
     ]
     if first_key is not None:
-        new_key = sf.when(op.isin("I", "U"), column(first_key))
-        old_key = sf.when(
-            (op == "D") | ((op == "U") & sf.col(OLD).isNotNull()), sf.col(OLD).getField(first_key)
-        )
-        touched = sf.count(sf.when(op.isin("I", "U"), 1)) + sf.count(
-            sf.when((op == "D") | ((op == "U") & sf.col(OLD).isNotNull()), 1)
-        )
+        writes_new = op.isin("I", "U")  # the row's key after the change
+        names_old = (op == "D") | ((op == "U") & sf.col(OLD).isNotNull())  # the key it had before
+        new_key = sf.when(writes_new, column(first_key))
+        old_key = sf.when(names_old, sf.col(OLD).getField(first_key))
+        touched = sf.count(sf.when(writes_new, 1)) + sf.count(sf.when(names_old, 1))
         aggregates += [
             sf.least(sf.min(new_key), sf.min(old_key)).alias("low"),
             sf.greatest(sf.max(new_key), sf.max(old_key)).alias("high"),
