@@ -37,6 +37,7 @@ from airflow_provider_postgres_cdc.formats import lake, lake_index
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.spark.changes import OLD
+from airflow_provider_postgres_cdc.spark.lake_failures import root_cause
 
 log = logging.getLogger("postgres_cdc.apply")
 
@@ -139,8 +140,9 @@ class IcebergTables:
             levels[0] = lake_index.index_namespace(self.config)
             catalog.namespaceExists(levels)  # any answer will do: the catalog is reachable
         except (PySparkException, Py4JJavaError) as exc:
+            cause = root_cause(str(exc)) or type(exc).__name__
             raise CatalogError(
-                f"cannot reach Iceberg catalog {name!r} ({_first_line(exc)}): check its uri and credentials "
+                f"cannot reach Iceberg catalog {name!r} ({cause}): check its uri and credentials "
                 "and that the Iceberg runtime jar (and a JDBC driver for a JDBC catalog) is on spark.jars; "
                 "nothing was applied"
             ) from exc
@@ -454,11 +456,3 @@ def temp_view(df: DataFrame) -> str:
     name = f"pgl_src_{uuid.uuid4().hex}"
     df.createOrReplaceTempView(name)
     return name
-
-
-def _first_line(exc: BaseException) -> str:
-    """The root cause of a (Java) exception in one line: its last ``Caused by``, else its first line."""
-    lines = str(exc).strip().splitlines()
-    causes = [line.split("Caused by:", 1)[1].strip() for line in lines if "Caused by:" in line]
-    text = causes[-1] if causes else (lines[0] if lines else type(exc).__name__)
-    return text[:300]

@@ -152,6 +152,11 @@ def _object(url: re.Match[str]) -> str:
     return f"{url[1]}{url[2] or ''}"
 
 
+def root_cause(text: str) -> str:
+    """A Java exception chain's root cause in one line: its last ``Caused by``, else its first line."""
+    return _cause([line.strip() for line in text.splitlines() if line.strip()])
+
+
 def _cause(lines: list[str]) -> str:
     """The chain's root cause (its last ``Caused by``), in one line."""
     causes = [line for line in lines if line.startswith("Caused by:")]
