@@ -93,7 +93,9 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         from airflow_provider_postgres_cdc.engine.staging import read_manifest  # loads pyarrow: at run time
 
         check_choice("write_mode", self.write_mode, WRITE_MODES)
-        self.table_parallelism = int(self.table_parallelism)  # a rendered template is text
+        rendered = self.table_parallelism  # a rendered template is text
+        if isinstance(rendered, str) and rendered.strip().isdigit():
+            self.table_parallelism = int(rendered)
         check_positive("table_parallelism", self.table_parallelism)
         manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
