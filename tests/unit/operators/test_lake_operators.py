@@ -77,6 +77,7 @@ def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
     assert call["conf"]["spark.sql.catalog.shop.jdbc.user"] == "ice"
     assert "credential" in call["properties"] and "spark.redaction.regex" not in call["conf"]
     assert call["conf"]["spark.sql.catalog.shop.warehouse"] == "s3a://override"  # explicit conf wins
+    assert call["conf"]["spark.log.level"] == "WARN"  # Spark's INFO lines stay out of the task log
     assert call["args"][:2] == ["--catalog", "shop"] and "--namespace-prefix" in call["args"]
     assert call["args"][call["args"].index("--manifest") + 1] == path
     assert "s3cret" not in " ".join(call["args"]) + json.dumps(call["conf"])
@@ -130,9 +131,11 @@ def test_maintenance_submits_its_retention_settings(submitted: list[dict[str, An
         task_id="maintain", slot_name="shop_cdc", lake_conn_id="shop_lake", keep_cuts="3",
         older_than_hours="36",
         skip=["orphans"], packages="org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:1.10.1",
+        conf={"spark.log.level": "INFO"},
     )  # fmt: skip
     operator.execute({})  # type: ignore[arg-type]
     (call,) = submitted
+    assert call["conf"]["spark.log.level"] == "INFO"  # the user's level wins over the quiet default
     args = call["args"]
     assert args[args.index("--slot-name") + 1] == "shop_cdc" and args[args.index("--keep-cuts") + 1] == "3"
     assert (
