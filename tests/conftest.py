@@ -40,7 +40,6 @@ LONGEST_FIRST = (
     "tests/integration/reliability/test_least_privilege.py",  # 165
     "tests/integration/airflow/test_report_view.py",  # 144
     "tests/integration/reliability/test_failover.py",  # 133
-    "tests/integration/e2e/test_spark41_pipeline.py",  # 120
     "tests/integration/spark/test_jobs_on_spark41.py",  # 105
     "tests/integration/e2e/test_openlineage.py",  # 75
     "tests/integration/reliability/test_crash_soak.py",  # 56

@@ -1,10 +1,17 @@
-"""OpenLineage from real DAG runs: the openlineage provider's own listener and file transport.
+"""OpenLineage from real DAG runs on Spark 4.1: the openlineage provider's listener and file transport.
 
 One initial snapshot and one CDC run of the example DAGs (``airflow dags test``, real PostgreSQL,
 real ``spark-submit``), with ``[openlineage] transport`` set to the file transport. The source has
 hostile names (a schema with a dot, a table with a dot, a space, ``%`` and non-ASCII), a column
 list and a row filter. The events must hold a START and a COMPLETE for every task, and the
 datasets and facets docs/OBSERVABILITY.md promises.
+
+The jobs run on Spark 4.1 with Iceberg 1.12, deployed as a user would (docs/LAKE.md, "Versions"):
+Airflow in the test virtualenv (Spark provider 5.6, pyspark 3.5), the worker's environment pointing
+at Spark 4.1 elsewhere (``SPARK_HOME`` with its ``bin`` first on ``PATH``, so the Spark connection's
+plain ``spark-submit`` is 4.1's), the jobs' Python a virtualenv holding pyspark alone, and the 4.1
+lake jars (tests/spark_lines.py). Iceberg's own snapshot summaries must say that Spark 4.1 and
+Iceberg 1.12 wrote every table, and the lake must equal its source.
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ import jsonschema
 import pytest
 
 from airflow_provider_postgres_cdc.assets import cut_asset, table_asset
+from airflow_provider_postgres_cdc.engine.lake_catalog import latest_cut, open_catalog, owned_tables
+from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, tag_name
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.lineage.facets import schema_of
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
 from airflow_provider_postgres_cdc.testing import AssetEventRecord, PostgresCluster
 from tests.integration.e2e.e2e_support import make_lake, pipeline_conf, pipeline_sandbox
+from tests.spark_lines import SPARK_41, spark_line_named
 
 SLOT = "lineage_slot"
 PUBLICATION = "lineage_pub"
@@ -53,6 +63,7 @@ class Runs:
 
     events: list[dict[str, Any]]
     database: str
+    dsn: str
     source_namespace: str
     lake: LakeConfig
     acked: Lsn
@@ -91,6 +102,7 @@ def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) 
         lake_conn,
         source_conn_id="src",
         env={
+            **spark_line_named(SPARK_41).worker_env(),
             "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
                 {"type": "file", "log_file_path": str(events_file), "append": True}
             ),
@@ -118,6 +130,7 @@ def runs(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) 
         yield Runs(
             [json.loads(line) for line in lines if line.strip()],
             database,
+            pg_cluster.dsn(database),
             f"postgres://{pg_cluster.host}:{pg_cluster.port}",
             lake,
             acked,
@@ -263,3 +276,17 @@ def test_hostile_tables_get_their_own_asset_events(runs: Runs) -> None:
     (cut,) = by_task["postgres_cdc.ack"].items()
     assert cut[0] == cut_asset(runs.lake, SLOT).uri and Lsn.parse(cut[1]["lsn"]) == runs.acked
     assert cut[1]["tag"] == tag_name(runs.acked) == applied[hostile]["tag"]
+
+
+def test_spark_41_and_iceberg_112_wrote_a_lake_equal_to_its_source(runs: Runs) -> None:
+    results = compare_tables(runs.dsn, [PUBLICATION], runs.lake)
+    assert all(r.equal for r in results), format_report(results)
+    assert {r.table for r in results} == {f"{SCHEMA}.{TABLE}", "public.customers"}
+    cut = latest_cut(runs.lake, SLOT)  # tagged by the 4.1 apply, then acknowledged
+    assert cut is not None and cut.lsn == runs.acked
+    tables = owned_tables(open_catalog(runs.lake), runs.lake, SLOT)
+    assert len(tables) == 2
+    for table in tables:
+        summary = table.current_snapshot().summary
+        assert summary["engine-name"] == "spark" and summary["engine-version"].startswith("4.1."), summary
+        assert summary["iceberg-version"].startswith("Apache Iceberg 1.12."), summary
