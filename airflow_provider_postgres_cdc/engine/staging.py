@@ -7,6 +7,7 @@ incomplete and is deleted and redone, never read.
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,7 +20,13 @@ import pyarrow.parquet as pq
 
 from airflow_provider_postgres_cdc.engine.object_store import S3Options, check_access
 from airflow_provider_postgres_cdc.errors import StagingAccessError
-from airflow_provider_postgres_cdc.formats.layout import MANIFEST_NAME, batch_path, part_file_name
+from airflow_provider_postgres_cdc.formats.layout import (
+    MANIFEST_NAME,
+    SLOT_CREATED_NAME,
+    batch_path,
+    part_file_name,
+)
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 
 DEFAULT_MAX_FILE_BYTES = 128 * 1024 * 1024
@@ -150,6 +157,35 @@ class StagingLocation:
     def read_manifest(self, batch_dir: str) -> Manifest:
         with self.filesystem.open_input_stream(posixpath.join(batch_dir, MANIFEST_NAME)) as stream:
             return Manifest.from_json(stream.read())
+
+    def record_slot_created(self, slot: str, consistent_point: Lsn) -> None:
+        """Record where the pipeline's ``slot`` was created, beside its batches.
+
+        PostgreSQL keeps no creation point of a slot, and a slot moves on with every
+        acknowledgement, empty batches included. A re-run of the snapshot that created it tells
+        a slot the pipeline has used (lake tables hold changes at or past this point) from one a
+        dead run left unused (``engine/snapshot/rerun.py``). Retention never removes it.
+        """
+        slot_dir = self.path(slot)
+        self.filesystem.create_dir(slot_dir, recursive=True)
+        data = json.dumps({"slot": slot, "consistent_point": str(consistent_point)}).encode("utf-8")
+        with self.filesystem.open_output_stream(posixpath.join(slot_dir, SLOT_CREATED_NAME)) as out:
+            out.write(data)
+
+    def slot_created(self, slot: str) -> Lsn | None:
+        """Where ``slot`` was created, as :meth:`record_slot_created` wrote it; None when nothing
+        recorded it (a run that died right after creating it, or lost staging)."""
+        path = self.path(slot, SLOT_CREATED_NAME)
+        if not self.exists(path):
+            return None
+        with self.filesystem.open_input_stream(path) as stream:
+            return Lsn.parse(json.loads(stream.read())["consistent_point"])
+
+    def forget_slot_created(self, slot: str) -> None:
+        """Remove the record of ``slot``'s creation (the slot was dropped)."""
+        path = self.path(slot, SLOT_CREATED_NAME)
+        if self.exists(path):
+            self.filesystem.delete_file(path)
 
 
 class PartFileWriter:

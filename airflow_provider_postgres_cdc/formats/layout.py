@@ -4,6 +4,7 @@
     <staging>/<slot>/batch-<...>/<schema>.<table>/missing-0000.parquet
     <staging>/<slot>/snapshot-<consistent point hex16>/<schema>.<table>/part-<NNNNN>-<NNNN>.parquet
     <staging>/<slot>/<batch id>/_manifest.json        written last: its presence marks the batch complete
+    <staging>/<slot>/_slot_created.json               the consistent point the pipeline slot was created at
 
 Standard library only: the Spark job ships it, and the drain, the snapshot, retention and the job
 name directories by it. LSNs print as 16 hex digits so that names sort by LSN as text.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import posixpath
 
 MANIFEST_NAME = "_manifest.json"
+SLOT_CREATED_NAME = "_slot_created.json"
 BATCH_PREFIX = "batch-"
 SNAPSHOT_PREFIX = "snapshot-"
 PART_PREFIX = "part-"

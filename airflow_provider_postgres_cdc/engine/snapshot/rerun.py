@@ -5,12 +5,15 @@ runs. Once it exists, the re-run reads what the slot, the staging and the lake s
 
 * a complete staged snapshot the slot exported, ending where the slot stands: the slot has not
   moved since, so that snapshot goes to the load again (tables already loaded are skipped);
-* a lake table of the slot holding changes at or past where the slot stands: the pipeline runs
-  from this slot. The re-run is skipped when the slot moved past a staged snapshot of its own
-  (batches went on from it), and refused, naming the backfill, otherwise;
+* a lake table of the slot holding changes at or past where the slot was created (staging records
+  that point, ``StagingLocation.record_slot_created``; where nothing recorded it, at or past
+  where the slot stands): the pipeline runs from this slot. The re-run is skipped when the slot
+  moved past a staged snapshot of its own (batches went on from it, empty ones too), and
+  refused, naming the backfill, otherwise;
 * nothing of the kind: the run died during its copy (its exported snapshot died with it), or the
-  slot was recreated by a recovery that died so. Nothing was loaded from the slot and it has
-  delivered nothing, so dropping it loses nothing: a new snapshot holds every change it held.
+  slot was recreated by a recovery that died so (older tables hold changes only from before the
+  new slot was created). Nothing was loaded from the slot and it has delivered nothing, so
+  dropping it loses nothing: a new snapshot holds every change it held.
   The slot is dropped and the snapshot taken again. Only a snapshot of every published table
   may do so: one of some tables would leave the others without the changes the slot held for
   them, so it is refused instead.
@@ -26,6 +29,7 @@ from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog, owne
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.snapshot.run import staged_snapshot
 from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import drop_created_slot
+from airflow_provider_postgres_cdc.engine.staging import StagingLocation
 from airflow_provider_postgres_cdc.errors import BACKFILL, SlotExistsError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
@@ -93,7 +97,8 @@ def rerun_snapshot(
             f"{refusal} A re-run can tell whether anything was loaded from the slot only from the lake: "
             "pass lake_conn_id."
         ) from None
-    holding = lake_tables_at(lake, slot, position or Lsn(0))
+    created = StagingLocation.resolve(staging, staging_options).slot_created(slot)
+    holding = lake_tables_at(lake, slot, created if created is not None else position or Lsn(0))
     if holding and staged is not None:
         return Rerun("skip", _moved_on(slot, position, staged[1]))
     if holding:

@@ -218,6 +218,8 @@ class SnapshotRun:
         temporary = self.slot_mode == "temporary"
         exporter = temporary_slot_name(self.slot, self._holder_pid) if temporary else self.slot
         failover = not temporary and wants_failover(self._catalog, self.slot, self.failover)
+        if not temporary:  # the record of an earlier slot of that name must not outlive it
+            self.location.forget_slot_created(self.slot)
         self.created = create_slot_with_snapshot(
             self._holder, exporter, temporary=temporary, failover=failover
         )
@@ -227,6 +229,7 @@ class SnapshotRun:
             self.consistent_point, self.snapshot_name,
         )  # fmt: skip
         if not temporary:
+            self.location.record_slot_created(self.slot, self.consistent_point)
             # A re-snapshot may run beside another one: it removes only what it staged itself.
             self._discard_incomplete()
         self.plan = plan_tables(
@@ -389,6 +392,9 @@ class SnapshotRun:
             drop_created_slot(self.conn_params, self.slot)
         except Exception as exc:
             log.error("could not drop slot %s after the failed snapshot: %s; drop it by hand", self.slot, exc)
+            return
+        with contextlib.suppress(Exception):
+            self.location.forget_slot_created(self.slot)
 
 
 def staged_snapshot(

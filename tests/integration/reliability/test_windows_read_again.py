@@ -7,7 +7,8 @@ lake holds. Real PostgreSQL, the drain, the apply job in the suite's Spark sessi
 check and advance: a keyed table and a keyless REPLICA IDENTITY FULL table (identical rows
 included) end equal to the source as multisets, and every change is in each changelog once.
 A re-run of the initial snapshot then is skipped, or refused naming the backfill once its staged
-snapshot is gone: lake tables hold changes from the slot.
+snapshot is gone: lake tables hold changes from the slot, also after empty batches moved it past
+every table's applied end. A slot created anew by a recovery that died is dropped instead.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from pyspark.sql import SparkSession
 from airflow_provider_postgres_cdc.engine.drain import DrainResult, DrainSettings, drain_batch
 from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog
 from airflow_provider_postgres_cdc.engine.snapshot import rerun_snapshot, take_snapshot
+from airflow_provider_postgres_cdc.engine.staging import StagingLocation
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
 from airflow_provider_postgres_cdc.errors import BACKFILL_DAG, SlotExistsError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
 from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
 from airflow_provider_postgres_cdc.spark.session import register_lake
@@ -44,6 +47,7 @@ ALTER TABLE loose REPLICA IDENTITY FULL;
 INSERT INTO keyed SELECT g, 'k' || g FROM generate_series(1, 40) g;
 INSERT INTO loose SELECT g % 4, 'same' FROM generate_series(1, 40) g;
 CREATE PUBLICATION again FOR TABLE keyed, loose;
+CREATE TABLE noise (id int);
 """
 
 
@@ -140,6 +144,13 @@ def test_a_window_read_again_applies_and_logs_each_change_once(
     apply_manifest(spark, rest.manifest_uri, lake)
     acknowledge(dsn, SLOT, lake, rest.manifest)
     assert describe_slot(conn, SLOT).confirmed_flush_lsn == rest.manifest.end_lsn
+    # Writes to an unpublished table: an empty batch, acknowledged, moves the slot past every
+    # table's applied end.
+    pg_cluster.execute("INSERT INTO noise SELECT generate_series(1, 50)", pg_dbname)
+    empty = drain(100_000)
+    assert not empty.manifest.tables and empty.manifest.end_lsn > rest.manifest.end_lsn
+    acknowledge(dsn, SLOT, lake, empty.manifest)
+    assert describe_slot(conn, SLOT).confirmed_flush_lsn == empty.manifest.end_lsn
     conn.close()
 
     results = compare_tables(dsn, ["again"], lake)
@@ -171,3 +182,13 @@ def test_a_window_read_again_applies_and_logs_each_change_once(
     assert pg_cluster.execute(slots, pg_dbname)[0][0] == 1
     assert rerun_snapshot(dsn, unused, str(staging), refusal, lake=lake).action == "restart"
     assert pg_cluster.execute(slots, pg_dbname)[0][0] == 0
+
+    # The slot created anew by a recovery that died during its copy (it recorded where): the lake's
+    # tables hold changes only from before that point, so nothing was loaded from it and it is dropped.
+    pg_cluster.execute(f"SELECT pg_drop_replication_slot('{SLOT}')", pg_dbname)
+    ((created,),) = pg_cluster.execute(
+        f"SELECT lsn::text FROM pg_create_logical_replication_slot('{SLOT}', 'pgoutput')", pg_dbname
+    )
+    StagingLocation.resolve(str(staging)).record_slot_created(SLOT, Lsn.parse(created))
+    refusal = SlotExistsError(f"replication slot {SLOT!r} already exists")
+    assert rerun_snapshot(dsn, SLOT, str(staging), refusal, lake=lake).action == "restart"

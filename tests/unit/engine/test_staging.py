@@ -83,3 +83,17 @@ def test_object_store_uris_name_the_bucket_and_give_spark_s3a() -> None:
     path = location.path("slot", "snapshot-01")
     assert location.uri_of(path) == "s3://bucket/cdc/slot/snapshot-01"
     assert location.uri_of(path, hadoop=True) == "s3a://bucket/cdc/slot/snapshot-01"
+
+
+def test_the_slot_creation_point_is_recorded_beside_the_batches_and_forgotten(tmp_path: Path) -> None:
+    location = StagingLocation.resolve(str(tmp_path / "staging"))
+    assert location.slot_created("shop_cdc") is None  # nothing recorded: a re-run falls back
+    location.record_slot_created("shop_cdc", Lsn.parse("0/16B3748"))
+    location.record_slot_created("other", Lsn.parse("1/0"))
+    assert location.slot_created("shop_cdc") == Lsn.parse("0/16B3748")
+    assert location.list_batches("shop_cdc") == []  # not a batch, for retention or a re-run
+    location.record_slot_created("shop_cdc", Lsn.parse("0/20000000"))  # the slot created anew
+    assert location.slot_created("shop_cdc") == Lsn.parse("0/20000000")
+    location.forget_slot_created("shop_cdc")
+    location.forget_slot_created("shop_cdc")  # already gone: nothing to do
+    assert location.slot_created("shop_cdc") is None and location.slot_created("other") == Lsn.parse("1/0")
