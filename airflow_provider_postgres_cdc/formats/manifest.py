@@ -158,6 +158,8 @@ class ManifestStats:
 
     ``newest_commit_time`` is the commit time of the batch's last transaction (ISO 8601, UTC), the
     start of its end-to-end latency; ``None`` for a snapshot or a batch with no transaction.
+    ``full`` says the batch stopped at its ``max_messages`` or ``max_bytes`` bound before the WAL
+    the drain found, so the slot holds more than this batch (a CDC run catches up on it).
     """
 
     changes: int = 0
@@ -165,6 +167,7 @@ class ManifestStats:
     bytes: int = 0
     seconds: float = 0.0
     newest_commit_time: str | None = None
+    full: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -173,6 +176,7 @@ class ManifestStats:
             "bytes": self.bytes,
             "seconds": self.seconds,
             "newest_commit_time": self.newest_commit_time,
+            "full": self.full,
         }
 
     @classmethod
@@ -184,6 +188,7 @@ class ManifestStats:
             bytes=int(data.get("bytes", 0)),
             seconds=float(data.get("seconds", 0.0)),
             newest_commit_time=None if newest is None else str(newest),
+            full=bool(data.get("full", False)),
         )
 
 

@@ -58,8 +58,9 @@ def _check_slot(conn: Any, settings: DrainSettings) -> SlotInfo:
     return slot
 
 
-def _bound(conn: Any, start: Lsn, max_bytes: int | None, *, failover: bool = False) -> Lsn:
-    """Where the batch ends: the WAL flushed (replayed on a standby), capped by ``max_bytes``.
+def _bound(conn: Any, start: Lsn, max_bytes: int | None, *, failover: bool = False) -> tuple[Lsn, bool]:
+    """Where the batch ends: the WAL flushed (replayed on a standby), capped by ``max_bytes``; and
+    whether that cap cut the window short of the WAL there is to read.
 
     A failover slot's batch also stops where its standbys have flushed, so that the lake never
     holds a change a promoted standby does not have.
@@ -68,9 +69,10 @@ def _bound(conn: Any, start: Lsn, max_bytes: int | None, *, failover: bool = Fal
     standbys = standbys_flushed(conn, start) if failover else None
     if standbys is not None:
         flushed = min(flushed, standbys)
-    if max_bytes is not None:
-        flushed = min(flushed, Lsn(start + max_bytes))
-    return max(flushed, start)
+    capped = False
+    if max_bytes is not None and Lsn(start + max_bytes) < flushed:
+        flushed, capped = Lsn(start + max_bytes), True
+    return max(flushed, start), capped
 
 
 def _prepare_staging(location: StagingLocation, slot: str, batch_id: str) -> str | None:
@@ -118,7 +120,7 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
             # it would end every later drain at the same LSN, so the slot would never move again.
             location.delete_dir(batch_dir)
             _prepare_staging(location, settings.slot, batch_id)
-        bound = _bound(conn, start, settings.max_bytes, failover=slot.failover)
+        bound, capped = _bound(conn, start, settings.max_bytes, failover=slot.failover)
         log.info("draining slot %s from %s up to %s via %s", settings.slot, start, bound, settings.transport)
         started = time.monotonic()
         stager = BatchStager(location, batch_dir)
@@ -146,6 +148,7 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
                 bytes=result.bytes,
                 seconds=round(time.monotonic() - started, 3),
                 newest_commit_time=result.extra.get("newest_commit_time"),
+                full=result.truncated or capped,
             ),
         )
         try:

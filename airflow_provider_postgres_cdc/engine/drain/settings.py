@@ -94,4 +94,5 @@ class DrainResult:
             "reused": self.reused,
             "seconds": self.manifest.stats.seconds,
             "newest_commit_time": self.manifest.stats.newest_commit_time,
+            "full": self.manifest.stats.full,
         }

@@ -91,6 +91,7 @@ def _drain_all(cluster: PostgresCluster, db: str, tmp_path: Path, **settings: ob
             window = _test_decoding_window(cluster, db, result.manifest.start_lsn, result.manifest.end_lsn)
             assert staged == window, f"batch {number} differs from test_decoding's view of its window"
             if not staged:
+                assert not result.manifest.stats.full, "a batch that read to the end is not full"
                 return batches
             batches.append(staged)
             advance_slot(conn, "cdc", result.manifest.end_lsn)
@@ -136,6 +137,7 @@ def test_stream_commit_after_the_bound_waits_for_the_next_batch(
         DrainSettings("cdc", ("pub",), str(tmp_path / "first"), transport="stream", max_bytes=max_bytes),
     )
     assert first.manifest.end_lsn == Lsn.parse(bound)
+    assert first.manifest.stats.full and first.summary()["full"]  # cut by max_bytes, the commit behind
     assert (
         _staged(first)
         == [("I", -1)]

@@ -65,7 +65,7 @@ def test_snapshot_manifest_has_the_documented_shape_and_round_trips() -> None:
     assert data["tables"][0]["columns"][0] == {
         "name": "id", "pg_type": "int4", "type_oid": 23, "typmod": -1, "arrow_type": "int32", "key": True,
     }  # fmt: skip
-    assert set(data["stats"]) == {"changes", "transactions", "bytes", "seconds", "newest_commit_time"}
+    assert set(data["stats"]) == {"changes", "transactions", "bytes", "seconds", "newest_commit_time", "full"}
     assert Manifest.from_json(manifest.to_json()) == manifest
     resnapshot = dataclasses.replace(manifest, snapshot_slot="s1_rs_4242")
     assert json.loads(resnapshot.to_json())["snapshot_slot"] == "s1_rs_4242"
