@@ -48,6 +48,7 @@ from airflow_provider_postgres_cdc.task_groups import (
 )
 
 MICROBATCH_DAG = "postgres_cdc_microbatch"
+_CATCH_UP = "how long runs chain on a backlog (s); 0: off"
 LAKE_MAINTENANCE_DAG = "postgres_cdc_lake_maintenance"
 _START = datetime(2026, 1, 1)
 _TAGS = ["postgres-cdc"]
@@ -175,6 +176,7 @@ def cdc_microbatch_dag(
     transport: Transport = "peek",
     max_messages: int = 1_000_000,
     min_lag_bytes: int = 0,
+    catch_up_seconds: int = 3600,
     pool: str | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
@@ -185,6 +187,11 @@ def cdc_microbatch_dag(
     slot's consistent point. Each run starts where the previous run's ack left the slot; a run
     that failed after its drain is simply run again. The ``max_messages`` param bounds a batch,
     and ``min_lag_bytes`` is the lag the run's sensor waits for (0: any change).
+
+    A backlog does not wait for the schedule: a run whose batch was full (the slot holds more)
+    starts the next run as soon as its ack has moved the slot, with the same conf, until a batch
+    takes all there is, the lag is under ``min_lag_bytes``, or the chain has run for the
+    ``catch_up_seconds`` param (0: off). Each batch is acknowledged before the next is drained.
     """
     dag = _dag(
         cdc_microbatch_dag,
@@ -194,6 +201,7 @@ def cdc_microbatch_dag(
         {
             "max_messages": Param(max_messages, type="integer", minimum=1),
             "min_lag_bytes": Param(min_lag_bytes, type="integer", minimum=0),
+            "catch_up_seconds": Param(catch_up_seconds, type="integer", minimum=0, description=_CATCH_UP),
         },
         {"default_args": {"retries": 2, "retry_delay": timedelta(minutes=1)}, "tags": [*_TAGS, "cdc"]},
     )
@@ -203,6 +211,7 @@ def cdc_microbatch_dag(
             transport=transport,
             max_messages="{{ params.max_messages }}",
             lag_sensor={"min_lag_bytes": "{{ params.min_lag_bytes }}", "poke_interval": 10, "timeout": 3600},
+            catch_up_seconds="{{ params.catch_up_seconds }}",
             spark_conf=spark_conf,
             pool=pool,
         )

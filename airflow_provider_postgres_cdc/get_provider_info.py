@@ -45,6 +45,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_postgres_cdc.operators.drain",
                     "airflow_provider_postgres_cdc.operators.spark_apply",
                     "airflow_provider_postgres_cdc.operators.ack",
+                    "airflow_provider_postgres_cdc.operators.catch_up",
                     "airflow_provider_postgres_cdc.operators.publication",
                     "airflow_provider_postgres_cdc.operators.maintenance",
                 ],

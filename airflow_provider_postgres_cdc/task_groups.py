@@ -1,12 +1,14 @@
 """``cdc_microbatch_task_group``: the micro-batch pipeline of one slot as one call in a DAG.
 
-    [wait_for_lag] -> drain -> apply -> ack
+    [wait_for_lag] -> drain -> apply -> ack -> [catch_up]
 
 * ``wait_for_lag`` (optional) is a :class:`PostgresCdcSlotLagSensor`, which also fails loudly when
   the slot's WAL is at risk or lost;
 * ``drain`` stages one bounded batch and never moves the slot;
 * ``apply`` submits the Spark apply job for that batch (idempotent, skipped when the batch is empty);
-* ``ack`` advances the slot only once every lake table of the batch has committed it.
+* ``ack`` advances the slot only once every lake table of the batch has committed it;
+* ``catch_up`` (optional) starts the next run of the DAG at once while the slot holds more than
+  a batch (:class:`PostgresCdcCatchUpOperator`), so a backlog does not wait for the schedule.
 
 ``snapshot_task_group`` copies tables at one consistent point and loads them, for an initial
 snapshot (``slot_mode="create"``), a reload of tables of a running pipeline from a temporary slot
@@ -109,15 +111,20 @@ def cdc_microbatch_task_group(
     pool: str | None = None,
     staging_conn_id: str | None = None,
     table_parallelism: int | str = TABLE_PARALLELISM,
+    catch_up_seconds: int | str | None = None,
 ) -> TaskGroup:
     """Build the group inside the current DAG context; every string argument may be a template.
 
     :param lag_sensor: keyword arguments of :class:`PostgresCdcSlotLagSensor` (for example
         ``{"min_lag_bytes": 16 << 20, "mode": "reschedule"}``); ``None`` leaves the sensor out.
+        Its ``min_lag_bytes`` is also the lag under which catch-up stops.
     :param pool: Airflow pool of the ``apply`` task; share it with the lake's re-snapshot loads.
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (endpoint and keys),
         for the drain, the apply's manifest read and the ack; ``None``: pyarrow's environment chain.
     :param table_parallelism: tables the apply job applies at once (a positive number).
+    :param catch_up_seconds: how long a chain of runs started by ``catch_up`` may go on (0: off);
+        ``None`` leaves the task out. The DAG's runs must carry their settings in params (as the
+        factories' DAGs do): the next run gets this run's conf.
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 
@@ -155,6 +162,16 @@ def cdc_microbatch_task_group(
             staging_conn_id=staging_conn_id,
         )
         drain >> apply >> ack
+        if catch_up_seconds is not None:
+            from airflow_provider_postgres_cdc.operators.catch_up import PostgresCdcCatchUpOperator
+
+            ack >> PostgresCdcCatchUpOperator(
+                task_id="catch_up",
+                drain_task_id=drain.task_id,
+                ack_task_id=ack.task_id,
+                catch_up_seconds=catch_up_seconds,
+                min_lag_bytes=(lag_sensor or {}).get("min_lag_bytes", 0),
+            )
         if lag_sensor is not None:
             from airflow_provider_postgres_cdc.sensors.slot_lag import PostgresCdcSlotLagSensor
 

@@ -104,7 +104,12 @@ class PostgresCdcAckOperator(BaseOperator):
             metrics.timing(metrics.BATCH_LATENCY, latency, slot=self.slot_name)
         if cut is not None and position == manifest.end_lsn:
             self._emit_cut(context, lake, manifest, cut, acked_at, lag_bytes)
-        return {"slot": self.slot_name, "batch_id": manifest.batch_id, "confirmed_flush_lsn": str(position)}
+        return {
+            "slot": self.slot_name,
+            "batch_id": manifest.batch_id,
+            "confirmed_flush_lsn": str(position),
+            "lag_bytes": lag_bytes,
+        }
 
     def _emit_cut(
         self,

@@ -18,7 +18,11 @@ FACTORIES: list[tuple[Callable[..., DAG], str, set[str]]] = [
     (dag_factories.initial_snapshot_dag, errors.INITIAL_SNAPSHOT_DAG, {"postgres_cdc_snapshot.snapshot"}),
     (dag_factories.backfill_tables_dag, errors.BACKFILL_DAG, {"postgres_cdc_resnapshot.publish"}),
     (dag_factories.recover_slot_dag, errors.RECOVERY_DAG, {"postgres_cdc_snapshot.load"}),
-    (dag_factories.cdc_microbatch_dag, "postgres_cdc_microbatch", {"postgres_cdc.wait_for_lag"}),
+    (
+        dag_factories.cdc_microbatch_dag,
+        "postgres_cdc_microbatch",
+        {"postgres_cdc.wait_for_lag", "postgres_cdc.catch_up"},
+    ),
     (dag_factories.lake_maintenance_dag, "postgres_cdc_lake_maintenance", {"lake_maintenance"}),
 ]
 
