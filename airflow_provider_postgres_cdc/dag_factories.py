@@ -36,6 +36,7 @@ from airflow_provider_postgres_cdc.engine.choices import CopyEngine, SlotMode, T
 from airflow_provider_postgres_cdc.errors import BACKFILL_DAG, INITIAL_SNAPSHOT_DAG, RECOVERY_DAG
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
+from airflow_provider_postgres_cdc.operators.arguments import check_positive
 from airflow_provider_postgres_cdc.task_groups import (
     DEFAULT_PUBLICATIONS,
     DEFAULT_SLOT_NAME,
@@ -48,7 +49,7 @@ from airflow_provider_postgres_cdc.task_groups import (
 )
 
 MICROBATCH_DAG = "postgres_cdc_microbatch"
-_CATCH_UP = "how long runs chain on a backlog (s); 0: off"
+_CATCH_UP = "how long runs may chain on a backlog, in seconds"
 LAKE_MAINTENANCE_DAG = "postgres_cdc_lake_maintenance"
 _START = datetime(2026, 1, 1)
 _TAGS = ["postgres-cdc"]
@@ -176,7 +177,7 @@ def cdc_microbatch_dag(
     transport: Transport = "peek",
     max_messages: int = 1_000_000,
     min_lag_bytes: int = 0,
-    catch_up_seconds: int = 3600,
+    catch_up_seconds: int | None = 3600,
     pool: str | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
@@ -191,8 +192,16 @@ def cdc_microbatch_dag(
     A backlog does not wait for the schedule: a run whose batch was full (the slot holds more)
     starts the next run as soon as its ack has moved the slot, with the same conf, until a batch
     takes all there is, the lag is under ``min_lag_bytes``, or the chain has run for the
-    ``catch_up_seconds`` param (0: off). Each batch is acknowledged before the next is drained.
+    ``catch_up_seconds`` param (``catch_up_seconds=None`` leaves catch-up out). Each batch is
+    acknowledged before the next is drained.
     """
+    if catch_up_seconds is not None:
+        check_positive("catch_up_seconds", catch_up_seconds)
+    catch_up = (
+        {}
+        if catch_up_seconds is None
+        else {"catch_up_seconds": Param(catch_up_seconds, type="integer", minimum=1, description=_CATCH_UP)}
+    )
     dag = _dag(
         cdc_microbatch_dag,
         dag_id,
@@ -201,7 +210,7 @@ def cdc_microbatch_dag(
         {
             "max_messages": Param(max_messages, type="integer", minimum=1),
             "min_lag_bytes": Param(min_lag_bytes, type="integer", minimum=0),
-            "catch_up_seconds": Param(catch_up_seconds, type="integer", minimum=0, description=_CATCH_UP),
+            **catch_up,
         },
         {"default_args": {"retries": 2, "retry_delay": timedelta(minutes=1)}, "tags": [*_TAGS, "cdc"]},
     )
@@ -211,7 +220,7 @@ def cdc_microbatch_dag(
             transport=transport,
             max_messages="{{ params.max_messages }}",
             lag_sensor={"min_lag_bytes": "{{ params.min_lag_bytes }}", "poke_interval": 10, "timeout": 3600},
-            catch_up_seconds="{{ params.catch_up_seconds }}",
+            catch_up_seconds=None if catch_up_seconds is None else "{{ params.catch_up_seconds }}",
             spark_conf=spark_conf,
             pool=pool,
         )

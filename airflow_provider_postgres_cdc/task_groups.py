@@ -122,9 +122,9 @@ def cdc_microbatch_task_group(
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (endpoint and keys),
         for the drain, the apply's manifest read and the ack; ``None``: pyarrow's environment chain.
     :param table_parallelism: tables the apply job applies at once (a positive number).
-    :param catch_up_seconds: how long a chain of runs started by ``catch_up`` may go on (0: off);
-        ``None`` leaves the task out. The DAG's runs must carry their settings in params (as the
-        factories' DAGs do): the next run gets this run's conf.
+    :param catch_up_seconds: how long a chain of runs started by ``catch_up`` may go on (a
+        positive number of seconds); ``None`` leaves the task out. The DAG's runs must carry
+        their settings in params (as the factories' DAGs do): the next run gets this run's conf.
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 

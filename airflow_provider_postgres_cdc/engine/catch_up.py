@@ -41,10 +41,8 @@ def catch_up(
         full batch alone then decides).
     :param min_lag_bytes: the run's threshold: a smaller lag waits for the schedule.
     :param since: when the chain of catch-up runs began (the first run's start).
-    :param budget_seconds: how long a chain may go on (0: never start another run).
+    :param budget_seconds: how long a chain may go on.
     """
-    if budget_seconds <= 0:
-        return CatchUp(False, "catch-up is off (catch_up_seconds = 0)")
     if not full:
         return CatchUp(False, "the batch took everything the slot held: the next run waits for the schedule")
     if lag_bytes is not None and lag_bytes < max(min_lag_bytes, 1):

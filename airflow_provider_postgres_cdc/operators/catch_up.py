@@ -10,6 +10,8 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_provider_postgres_cdc.operators.arguments import check_positive
+
 
 class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
     """After the ack, trigger this run's DAG again, with this run's conf, while a backlog remains.
@@ -24,7 +26,7 @@ class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
     :param drain_task_id: the drain task of the run (its XCom says whether the batch was full).
     :param ack_task_id: the ack task of the run (its XCom holds the slot's lag after the ack).
     :param catch_up_seconds: how long a chain of catch-up runs may go on, from its first run's
-        start; 0 turns catch-up off (templated).
+        start: a positive number of seconds (templated). Leave the task out to turn catch-up off.
     :param min_lag_bytes: a lag under this waits for the schedule (templated).
     """
 
@@ -44,6 +46,7 @@ class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
         min_lag_bytes: int | str = 0,
         **kwargs: Any,
     ) -> None:
+        check_positive("catch_up_seconds", catch_up_seconds)
         kwargs.setdefault("trigger_dag_id", "{{ dag.dag_id }}")
         super().__init__(**kwargs)
         self.drain_task_id = drain_task_id
@@ -54,6 +57,9 @@ class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.catch_up import CATCH_UP_SINCE, catch_up
 
+        if isinstance(self.catch_up_seconds, str) and self.catch_up_seconds.strip().isdigit():
+            self.catch_up_seconds = int(self.catch_up_seconds)  # a rendered template is text
+        check_positive("catch_up_seconds", self.catch_up_seconds)
         ti = context["ti"]
         drained = ti.xcom_pull(task_ids=self.drain_task_id) or {}
         acked = ti.xcom_pull(task_ids=self.ack_task_id) or {}

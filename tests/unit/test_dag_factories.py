@@ -127,3 +127,17 @@ def test_each_snapshot_dag_is_tagged_for_what_it_does() -> None:
     assert tags[dag_factories.initial_snapshot_dag] == {"postgres-cdc", "cdc", "snapshot"}
     assert tags[dag_factories.backfill_tables_dag] == {"postgres-cdc", "cdc", "snapshot", "backfill"}
     assert tags[dag_factories.recover_slot_dag] == {"postgres-cdc", "cdc", "snapshot", "recovery"}
+
+
+@pytest.mark.parametrize("seconds", [0, -60, 1.5, "soon"])
+def test_a_catch_up_budget_that_is_not_a_positive_number_fails_at_parse_time(seconds: object) -> None:
+    with pytest.raises(ValueError, match="catch_up_seconds must be a positive whole number"):
+        dag_factories.cdc_microbatch_dag(staging=STAGING, catch_up_seconds=seconds)  # type: ignore[arg-type]
+
+
+def test_catch_up_is_a_param_of_the_cdc_dag_and_can_be_left_out() -> None:
+    dag = dag_factories.cdc_microbatch_dag(staging=STAGING, catch_up_seconds=600)
+    assert dag.params["catch_up_seconds"] == 600
+    assert dag.get_task("postgres_cdc.catch_up").upstream_task_ids == {"postgres_cdc.ack"}
+    without = dag_factories.cdc_microbatch_dag(staging=STAGING, catch_up_seconds=None)
+    assert "catch_up_seconds" not in without.params and "postgres_cdc.catch_up" not in without.task_dict

@@ -1,23 +1,30 @@
-"""A backlog larger than a batch is caught up at once: each full batch's run starts the next.
+"""A backlog of several batches is caught up at once, through a crash: each full batch's run starts the next.
 
 One pipeline on the demo shop schema, real PostgreSQL, Airflow's scheduler and API server, and
 real ``spark-submit`` in local mode for every CDC run. The initial snapshot is loaded in the shared
 Spark session; then several rounds of changes pile up while no CDC runs, and one CDC run is
-triggered with a ``max_messages`` of about 60 % of the backlog:
+triggered with a ``max_messages`` of about 35 % of the backlog:
 
-1. its batch is full, so its ``catch_up`` task triggers the next run with the same conf and the
-   chain's start; that run's batch takes the rest, is not full, and its ``catch_up`` is skipped;
-2. the second batch starts exactly where the first ack left the slot (each batch acknowledged
-   before the next is drained);
-3. the lake equals the source and the slot stands at the last batch's end.
+1. the first two batches are full, so each run's ``catch_up`` task triggers the next run with the
+   same conf and the chain's start; the third batch takes the rest, is not full, and its
+   ``catch_up`` is skipped;
+2. the second run's Spark driver is killed mid-apply; the task's retry finishes the batch and the
+   chain goes on;
+3. each batch starts exactly where the previous ack left the slot, every staged change is in its
+   table's changelog once, and the lake equals the source.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import signal
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
 from pyspark.sql import SparkSession
 
@@ -30,7 +37,12 @@ from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
 from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import AirflowServices, PostgresCluster
-from tests.integration.e2e.e2e_support import pipeline_conf, pipeline_sandbox
+from tests.integration.e2e.e2e_support import (
+    assert_changelog_holds,
+    pipeline_conf,
+    pipeline_sandbox,
+    staged_changes,
+)
 
 SLOT = "shop_catch_up"
 CDC = "postgres_cdc_microbatch"
@@ -56,8 +68,27 @@ def task_state(services: AirflowServices, run_id: str, task_id: str) -> str:
     return str(services.api("GET", f"/dags/{CDC}/dagRuns/{run_id}/taskInstances/{task_id}")["state"])
 
 
-@pytest.mark.timeout(1200)
-def test_a_backlog_of_two_batches_is_applied_by_a_chain_of_two_runs(
+def kill_second_apply(services: AirflowServices, staging: Path) -> int:
+    """Wait for the chain's second run to be applying, then SIGKILL its Spark driver; its pid."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        runs = services.dag_runs(CDC)
+        if len(runs) >= 2 and task_state(services, runs[1].run_id, "postgres_cdc.apply") == "running":
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    text = cmdline.read_bytes()
+                except OSError:  # the process ended meanwhile
+                    continue
+                if b"org.apache.spark.deploy.SparkSubmit" in text and str(staging).encode() in text:
+                    pid = int(cmdline.parent.name)
+                    os.kill(pid, signal.SIGKILL)
+                    return pid
+        time.sleep(0.2)
+    raise AssertionError(f"the second run never applied:\n{services.logs()}")
+
+
+@pytest.mark.timeout(1500)
+def test_a_backlog_of_three_batches_is_caught_up_by_a_chain_of_runs_through_a_killed_apply(
     pg_cluster: PostgresCluster, pg_dbname: str, spark: SparkSession, tmp_path: Path
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
@@ -67,38 +98,50 @@ def test_a_backlog_of_two_batches_is_applied_by_a_chain_of_two_runs(
     (tmp_path / "lake").mkdir()
     lake = local_lake(str(tmp_path / "lake"), catalog="lake_catch_up")  # its own name in the shared session
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), connection_json(lake))
-    conf = pipeline_conf(SLOT, tmp_path / "staging")
+    staging = tmp_path / "staging"
+    conf = pipeline_conf(SLOT, staging)
     snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
     register_lake(spark, lake)
     apply_manifest(spark, snapshot, lake)
-    for _ in range(4):
+    for _ in range(6):
         shop.step()
-    backlog = backlog_messages(pg_cluster, pg_dbname)
-    conf = {**conf, "max_messages": backlog * 6 // 10}
+    conf = {**conf, "max_messages": backlog_messages(pg_cluster, pg_dbname) * 35 // 100}
 
     with sandbox.services() as services:
-        first = services.trigger(CDC, conf).check().runs[0]
-        chain = services.wait_for_runs(CDC, 2, timeout=300).check().runs
+        services.set_paused(CDC, False)
+        first = services.api("POST", f"/dags/{CDC}/dagRuns", {"logical_date": None, "conf": conf})
+        killed = kill_second_apply(services, staging)
+        chain = services.wait_for_runs(CDC, 3, timeout=900).check().runs
         drained = [task_xcom(services, run.run_id, "postgres_cdc.drain") for run in chain]
         catch_up = [task_state(services, run.run_id, "postgres_cdc.catch_up") for run in chain]
+        apply_tries = [
+            services.api("GET", f"/dags/{CDC}/dagRuns/{run.run_id}/taskInstances/postgres_cdc.apply")[
+                "try_number"
+            ]
+            for run in chain
+        ]
 
-    # 1. The full batch's run started one more run, with its conf and the chain's start; that one stopped.
-    assert len(chain) == 2 and chain[0].run_id == first.run_id, chain
-    assert [d["full"] for d in drained] == [True, False], drained
-    assert catch_up == ["success", "skipped"]
-    follow = chain[1]
-    assert follow.conf == {**conf, CATCH_UP_SINCE: follow.conf[CATCH_UP_SINCE]}
-    assert first.start_date is not None
-    since = datetime.fromisoformat(follow.conf[CATCH_UP_SINCE])
-    assert abs((since - first.start_date).total_seconds()) < 1, (since, first.start_date)
+    # 1. Each full batch's run started one more run, with its conf and the chain's start; the last stopped.
+    assert len(chain) == 3 and chain[0].run_id == first["dag_run_id"], chain
+    assert [d["full"] for d in drained] == [True, True, False], drained
+    assert catch_up == ["success", "success", "skipped"]
+    assert chain[0].start_date is not None
+    for follow in chain[1:]:
+        assert follow.conf == {**conf, CATCH_UP_SINCE: follow.conf[CATCH_UP_SINCE]}
+        since = datetime.fromisoformat(follow.conf[CATCH_UP_SINCE])
+        assert abs((since - chain[0].start_date).total_seconds()) < 1, (since, chain[0].start_date)
 
-    # 2. Contiguous windows: the second drain starts where the first ack left the slot.
-    assert drained[1]["start_lsn"] == drained[0]["end_lsn"]
+    # 2. The killed apply was retried (its driver really died: the pid is gone).
+    assert apply_tries == [1, 2, 1] and not Path(f"/proc/{killed}").exists()
+
+    # 3. Contiguous windows, each change logged once, and the lake equals the source.
+    for earlier, later in itertools.pairwise(drained):
+        assert later["start_lsn"] == earlier["end_lsn"]
     ((confirmed,),) = pg_cluster.execute(
         f"SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'", pg_dbname
     )
-    assert confirmed == drained[1]["end_lsn"]
-
-    # 3. The lake equals the source.
+    assert confirmed == drained[-1]["end_lsn"]
+    staged = staged_changes(pafs.LocalFileSystem(), str(staging / SLOT))
+    assert assert_changelog_holds(lake, staged) == sum(d["changes"] for d in drained)
     results = compare_tables(dsn, [PUBLICATION], lake)
     assert all(r.equal for r in results), format_report(results)

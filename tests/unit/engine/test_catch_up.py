@@ -38,7 +38,6 @@ def test_an_unreadable_lag_leaves_the_decision_to_the_full_batch() -> None:
 @pytest.mark.parametrize(
     ("changes", "why"),
     [
-        ({"budget_seconds": 0}, "catch-up is off"),
         ({"full": False}, "took everything the slot held"),
         ({"lag_bytes": 1000, "min_lag_bytes": 4096}, "under the threshold (4096)"),
         ({"lag_bytes": 0}, "under the threshold (0)"),

@@ -8,6 +8,7 @@ import pytest
 from airflow.sdk import BaseOperator
 
 from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
+from airflow_provider_postgres_cdc.operators.catch_up import PostgresCdcCatchUpOperator
 from airflow_provider_postgres_cdc.operators.drain import PostgresCdcDrainOperator
 from airflow_provider_postgres_cdc.operators.maintenance import (
     PostgresCdcLakeMaintenanceOperator,
@@ -50,6 +51,16 @@ CASES = [
         PostgresCdcSparkApplyOperator,
         {"manifest": "/m.json", "table_parallelism": "four"},
         "table_parallelism must be a positive whole number, not 'four'",
+    ),
+    (
+        PostgresCdcCatchUpOperator,
+        {"drain_task_id": "d", "ack_task_id": "a", "catch_up_seconds": 0},
+        "catch_up_seconds must be a positive whole number, not 0",
+    ),
+    (
+        PostgresCdcCatchUpOperator,
+        {"drain_task_id": "d", "ack_task_id": "a", "catch_up_seconds": "an hour"},
+        "catch_up_seconds must be a positive whole number, not 'an hour'",
     ),
     (
         PostgresCdcLakeMaintenanceOperator,
