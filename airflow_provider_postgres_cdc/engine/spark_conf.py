@@ -27,10 +27,11 @@ _SECRET_PART = re.compile(r"(password|secret|token|credential)", re.IGNORECASE)
 # Spark's UI and event log redact values whose keys match this (Spark's default plus ``credential``).
 REDACTION_REGEX = r"(?i)secret|password|token|access[.]key|credential"
 PROPERTIES_NAME = "postgres-cdc-secrets.conf"
-# The jobs' drivers log at WARN unless the user's ``conf`` says otherwise: Spark's INFO is thousands of
-# lines per job, each read and logged by the Spark provider's hook. The jobs' own lines (what each
-# table took, the cut) are Python logging, which this leaves alone; Spark's start-up lines still show.
+# The jobs' drivers log at WARN unless the user set a level (see ``with_driver_log_default``): Spark's
+# INFO is thousands of lines per job, each read and logged by the Spark provider's hook. The jobs' own
+# lines (what each table took, the cut) are Python logging, which this leaves alone.
 DRIVER_LOG_CONF = {"spark.log.level": "WARN"}
+_PROPERTY_KEY = re.compile(r"^((?:[^\\\s=:]|\\.)+)")
 
 
 def is_secret_key(key: str) -> bool:
@@ -59,6 +60,33 @@ def submit_settings(
     # masking mangles it); a --conf the caller gave still wins.
     secret = {"spark.redaction.regex": REDACTION_REGEX, **secret}
     return public, write_properties_file(directory, secret, properties_file or spark_defaults_file())
+
+
+def with_driver_log_default(
+    conf: Mapping[str, str], properties_file: str | None, environ: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """``conf`` with the jobs' WARN driver log level added, unless the user already chose a level.
+
+    A level set in ``conf``, in the ``properties_file`` the job is submitted with, or in the
+    ``spark-defaults.conf`` spark-submit reads otherwise is the user's and stays: given as
+    ``--conf``, the default would override the files.
+    """
+    if any(key in conf for key in DRIVER_LOG_CONF):
+        return dict(conf)
+    source = properties_file or spark_defaults_file(environ)
+    if source and os.path.isfile(source) and set(DRIVER_LOG_CONF) & property_keys(source):
+        return dict(conf)
+    return {**DRIVER_LOG_CONF, **conf}
+
+
+def property_keys(path: str | os.PathLike[str]) -> set[str]:
+    """The keys a java.util.Properties file sets (comments and blank lines skipped; escapes kept)."""
+    keys = set()
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        text = line.lstrip()
+        if text and text[0] not in "#!" and (match := _PROPERTY_KEY.match(text)):
+            keys.add(match.group(1))
+    return keys
 
 
 def spark_defaults_file(environ: Mapping[str, str] = os.environ) -> Path | None:

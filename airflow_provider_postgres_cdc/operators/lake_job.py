@@ -65,7 +65,7 @@ class LakeSparkJobOperator(SparkSubmitOperator):
 
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.lake_catalog import check_catalog, check_warehouse
-        from airflow_provider_postgres_cdc.engine.spark_conf import DRIVER_LOG_CONF, submit_settings
+        from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings, with_driver_log_default
 
         lake = self._get_lake_hook().get_conn()
         # A catalog that is down or refuses the credentials, or a warehouse bucket that is missing or
@@ -78,13 +78,10 @@ class LakeSparkJobOperator(SparkSubmitOperator):
         if lake.namespace_prefix:
             args += ["--namespace-prefix", lake.namespace_prefix]
         self.application_args = args + self.job_arguments(lake)
-        conf = {
-            **DRIVER_LOG_CONF,
-            **self.job_conf(),
-            **lake.spark_conf(),
-            **self.staging_conf(),
-            **(self.conf or {}),
-        }
+        conf = with_driver_log_default(
+            {**self.job_conf(), **lake.spark_conf(), **self.staging_conf(), **(self.conf or {})},
+            self.properties_file,
+        )
         # The private directory (and the secrets file in it) is deleted when the job has ended.
         with tempfile.TemporaryDirectory(prefix="postgres-cdc-job-") as scratch:
             self.conf, self.properties_file = submit_settings(conf, scratch, self.properties_file)
