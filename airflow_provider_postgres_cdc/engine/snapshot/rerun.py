@@ -82,7 +82,10 @@ def rerun_snapshot(
         position = describe_slot(conn, slot).confirmed_flush_lsn
     finally:
         conn.close()
-    staged = staged_snapshot(staging, slot, staging_options)
+    location = StagingLocation.resolve(
+        staging, staging_options
+    )  # once: an s3:// bucket's region is looked up
+    staged = staged_snapshot(location, slot)
     if staged is not None and position is not None and staged[1].end_lsn >= position:
         return Rerun(
             "resume",
@@ -97,7 +100,7 @@ def rerun_snapshot(
             f"{refusal} A re-run can tell whether anything was loaded from the slot only from the lake: "
             "pass lake_conn_id."
         ) from None
-    created = StagingLocation.resolve(staging, staging_options).slot_created(slot)
+    created = location.slot_created(slot)
     holding = lake_tables_at(lake, slot, created if created is not None else position or Lsn(0))
     if holding and staged is not None:
         return Rerun("skip", _moved_on(slot, position, staged[1]))

@@ -397,15 +397,12 @@ class SnapshotRun:
             self.location.forget_slot_created(self.slot)
 
 
-def staged_snapshot(
-    staging: str, slot: str, staging_options: S3Options | None = None
-) -> tuple[str, Manifest] | None:
+def staged_snapshot(location: StagingLocation, slot: str) -> tuple[str, Manifest] | None:
     """The newest complete snapshot that ``slot`` itself exported (not a re-snapshot), if staged.
 
     Returns its manifest URI and manifest: what a re-run of an initial or recovery snapshot
     hands to its load again when the slot already exists.
     """
-    location = StagingLocation.resolve(staging, staging_options)
     for name, complete in sorted(location.list_batches(slot, prefix=SNAPSHOT_PREFIX), reverse=True):
         if not complete:
             continue
