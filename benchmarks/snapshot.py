@@ -4,7 +4,13 @@ A throwaway cluster gets a table of int, text, timestamptz, numeric and jsonb co
 baseline is psql streaming the table's text COPY to /dev/null (the server-bound ceiling), then
 the local engine copies it to Parquet through a fresh slot. Target: ratio >= 0.6.
 
+With ``--iceberg`` it also runs the example initial snapshot DAG (``airflow dags test``: the copy
+from the exported snapshot, then the Spark load's spark-submit on ``local[2]`` up to the Iceberg
+commit, in a local lake) and compares its rows/s with the same baseline; it needs the lake jars
+(``make lake-jars``, ``POSTGRES_CDC_SPARK_JARS``).
+
     .venv/bin/python benchmarks/snapshot.py [--rows 2000000] [--parallelism 2] [--batch-bytes N] [--repeat 3]
+        [--iceberg]
 """
 
 from __future__ import annotations
@@ -15,13 +21,18 @@ import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from psycopg2 import sql
 
 from airflow_provider_postgres_cdc.engine.snapshot import DEFAULT_BATCH_BYTES, take_snapshot
-from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.formats.lake import local_lake
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 
 TARGET_RATIO = 0.6
+ICEBERG_TARGET_RATIO = 0.8
+DAGS = Path(__file__).resolve().parents[1] / "dags_examples"
 
 
 def _load(pg: PostgresCluster, dbname: str, rows: int) -> None:
@@ -66,6 +77,27 @@ def _engine_copy(
     return seconds
 
 
+def _iceberg_load(pg: PostgresCluster, dbname: str, root: Path, run: int) -> float:
+    """The example initial snapshot DAG into a fresh local lake: exported snapshot to Iceberg commit."""
+    lake_dir = root / f"lake-{run}"
+    lake_dir.mkdir()
+    lake = local_lake(str(lake_dir))
+    connections = {
+        "bench": pg.uri(dbname),
+        "spark_local": "spark://local%5B2%5D",
+        "lake": connection_json(lake),
+    }
+    sandbox = AirflowSandbox(root / f"airflow-{run}", DAGS, connections=connections)
+    sandbox.migrate()  # the metadata database, before the clock starts
+    conf = {
+        "postgres_conn_id": "bench", "publications": "bench", "slot_name": f"bench_iceberg_{run}",
+        "staging": str(root / "staging"), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
+    }  # fmt: skip
+    result = sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
+    pg.execute(sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(conf["slot_name"])), dbname)
+    return result.seconds
+
+
 def _rows(pg: PostgresCluster, dbname: str) -> int:
     return int(pg.execute("SELECT count(*) FROM t", dbname)[0][0])
 
@@ -78,15 +110,18 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--batch-bytes", type=int, default=DEFAULT_BATCH_BYTES, help="COPY text per batch")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side; the best is kept")
+    parser.add_argument("--iceberg", action="store_true", help="also the snapshot DAG into Iceberg")
     args = parser.parse_args()
     with PostgresCluster() as pg, tempfile.TemporaryDirectory(prefix="postgres-cdc-bench-") as staging:
         pg.create_database("bench")
         _load(pg, "bench", args.rows)
         # Interleaved, so load from other processes on the machine weighs on both sides alike.
-        psql_times, engine_times = [], []
+        psql_times, engine_times, iceberg_times = [], [], []
         for run in range(args.repeat):
             psql_times.append(_psql_copy(pg, "bench"))
             engine_times.append(_engine_copy(pg, "bench", staging, args.parallelism, args.batch_bytes, run))
+            if args.iceberg:
+                iceberg_times.append(_iceberg_load(pg, "bench", Path(staging), run))
         psql_best, engine_best = min(psql_times), min(engine_times)
     psql_rate = args.rows / psql_best
     engine_rate = args.rows / engine_best
@@ -99,6 +134,14 @@ def main() -> None:
     print(f"local engine -> Parquet (snapshot): {engine_best:7.2f} s  {engine_rate:10,.0f} rows/s")
     verdict = "PASS" if ratio >= TARGET_RATIO else "FAIL"
     print(f"ratio engine/psql: {ratio:.2f}x (target >= {TARGET_RATIO}x): {verdict}")
+    if iceberg_times:
+        iceberg_rate = args.rows / min(iceberg_times)
+        runs = ", ".join(f"{t:.1f}" for t in iceberg_times)
+        best = min(iceberg_times)
+        print(f"snapshot DAG -> Iceberg commit    : {best:7.2f} s  {iceberg_rate:10,.0f} rows/s ({runs})")
+        ratio = iceberg_rate / psql_rate
+        verdict = "PASS" if ratio >= ICEBERG_TARGET_RATIO else "FAIL"
+        print(f"ratio Iceberg/psql: {ratio:.2f}x (target >= {ICEBERG_TARGET_RATIO}x): {verdict}")
 
 
 if __name__ == "__main__":
