@@ -27,12 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from example_dags import example_dags_sandbox, pipeline_conf
+
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
 from airflow_provider_postgres_cdc.formats.lake import local_lake
-from airflow_provider_postgres_cdc.hooks.lake import connection_json
-from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
-DAGS = Path(__file__).resolve().parents[1] / "dags_examples"
 CDC = "postgres_cdc_microbatch"
 PUBLICATION = "bench_pub"
 SLOT = "bench_cdc"
@@ -65,26 +65,14 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="end-to-end-"))
     (root / "lake").mkdir()
     lake = local_lake(str(root / "lake"))
-    conf = {
-        "postgres_conn_id": "bench", "publications": PUBLICATION, "slot_name": SLOT,
-        "staging": str(root / "staging"), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-        "max_messages": args.max_messages,
-    }  # fmt: skip
+    conf = pipeline_conf(SLOT, PUBLICATION, root / "staging", max_messages=args.max_messages)
     settings = {"shared_buffers": "512MB", "max_wal_size": "4GB", "logical_decoding_work_mem": "256MB"}
     with PostgresCluster(settings) as pg:
         pg.execute("CREATE DATABASE bench")
         pgbench = str(pg.bindir / "pgbench")
         subprocess.run([pgbench, "-i", "-q", "-s", str(args.scale), pg.dsn("bench")], check=True)
         pg.execute(f"CREATE PUBLICATION {PUBLICATION} FOR ALL TABLES", "bench")
-        sandbox = AirflowSandbox(
-            root / "airflow",
-            DAGS,
-            connections={
-                "bench": pg.uri("bench"),
-                "spark_local": "spark://local%5B2%5D",
-                "lake": connection_json(lake),
-            },
-        )
+        sandbox = example_dags_sandbox(root / "airflow", pg.uri("bench"), lake)
         _timed(
             "initial snapshot DAG", lambda: sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
         )

@@ -23,16 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from example_dags import example_dags_sandbox, pipeline_conf
 from psycopg2 import sql
 
 from airflow_provider_postgres_cdc.engine.snapshot import DEFAULT_BATCH_BYTES, take_snapshot
 from airflow_provider_postgres_cdc.formats.lake import local_lake
-from airflow_provider_postgres_cdc.hooks.lake import connection_json
-from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
 TARGET_RATIO = 0.6
 ICEBERG_TARGET_RATIO = 0.8
-DAGS = Path(__file__).resolve().parents[1] / "dags_examples"
 
 
 def _load(pg: PostgresCluster, dbname: str, rows: int) -> None:
@@ -82,17 +81,9 @@ def _iceberg_load(pg: PostgresCluster, dbname: str, root: Path, run: int) -> flo
     lake_dir = root / f"lake-{run}"
     lake_dir.mkdir()
     lake = local_lake(str(lake_dir))
-    connections = {
-        "bench": pg.uri(dbname),
-        "spark_local": "spark://local%5B2%5D",
-        "lake": connection_json(lake),
-    }
-    sandbox = AirflowSandbox(root / f"airflow-{run}", DAGS, connections=connections)
+    sandbox = example_dags_sandbox(root / f"airflow-{run}", pg.uri(dbname), lake)
     sandbox.migrate()  # the metadata database, before the clock starts
-    conf = {
-        "postgres_conn_id": "bench", "publications": "bench", "slot_name": f"bench_iceberg_{run}",
-        "staging": str(root / "staging"), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    conf = pipeline_conf(f"bench_iceberg_{run}", "bench", root / "staging")
     result = sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
     pg.execute(sql.SQL("SELECT pg_drop_replication_slot({})").format(sql.Literal(conf["slot_name"])), dbname)
     return result.seconds

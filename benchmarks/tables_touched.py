@@ -20,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from example_dags import example_dags_sandbox, pipeline_conf
+
 from airflow_provider_postgres_cdc.engine.verify import compare_tables
 from airflow_provider_postgres_cdc.formats.lake import local_lake
-from airflow_provider_postgres_cdc.hooks.lake import connection_json
-from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
+from airflow_provider_postgres_cdc.testing import PostgresCluster
 
-DAGS = Path(__file__).resolve().parents[1] / "dags_examples"
 PUBLICATION = "bench_pub"
 SLOT = "bench_cdc"
 ROWS = 20  # per table
@@ -59,23 +59,12 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tables-touched-"))
     (root / "lake").mkdir()
     lake = local_lake(str(root / "lake"))
-    conf = {
-        "postgres_conn_id": "bench", "publications": PUBLICATION, "slot_name": SLOT,
-        "staging": str(root / "staging"), "lake_conn_id": "lake", "spark_conn_id": "spark_local",
-    }  # fmt: skip
+    conf = pipeline_conf(SLOT, PUBLICATION, root / "staging")
     seconds: dict[int, list[float]] = {n: [] for n in counts}
     with PostgresCluster() as pg:
         pg.execute("CREATE DATABASE bench")
         _create(pg, "bench", counts[-1])
-        sandbox = AirflowSandbox(
-            root / "airflow",
-            DAGS,
-            connections={
-                "bench": pg.uri("bench"),
-                "spark_local": "spark://local%5B2%5D",
-                "lake": connection_json(lake),
-            },
-        )
+        sandbox = example_dags_sandbox(root / "airflow", pg.uri("bench"), lake)
         started = time.monotonic()
         sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
         print(f"initial snapshot of {counts[-1]} tables: {time.monotonic() - started:.1f} s", flush=True)
