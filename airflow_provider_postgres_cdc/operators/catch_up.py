@@ -27,7 +27,8 @@ class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
     :param ack_task_id: the ack task of the run (its XCom holds the slot's lag after the ack).
     :param catch_up_seconds: how long a chain of catch-up runs may go on, from its first run's
         start: a positive number of seconds (templated). Leave the task out to turn catch-up off.
-    :param min_lag_bytes: a lag under this waits for the schedule (templated).
+    :param min_lag_bytes: a lag under this waits for the schedule: bytes or a size such as
+        ``"16MB"``, as the lag sensor takes it (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -56,6 +57,7 @@ class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
 
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.catch_up import CATCH_UP_SINCE, catch_up
+        from airflow_provider_postgres_cdc.engine.health.units import parse_size
 
         if isinstance(self.catch_up_seconds, str) and self.catch_up_seconds.strip().isdigit():
             self.catch_up_seconds = int(self.catch_up_seconds)  # a rendered template is text
@@ -70,7 +72,7 @@ class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
         decision = catch_up(
             full=bool(drained.get("full")),
             lag_bytes=acked.get("lag_bytes"),
-            min_lag_bytes=int(self.min_lag_bytes),
+            min_lag_bytes=parse_size(self.min_lag_bytes or 0),
             since=since,
             now=now,
             budget_seconds=float(self.catch_up_seconds),
