@@ -33,19 +33,20 @@ from tests.spark_lines import SPARK_35, SparkLine, spark_line_named
 # test`` runs the suite on pytest-xdist workers, which take whole modules in collection order: these
 # go first, so that no long module starts late and ends the run alone. The others keep their order.
 LONGEST_FIRST = (
-    "tests/integration/e2e/test_backfills.py",  # 557
-    "tests/integration/e2e/test_rest_lake.py",  # 447, on its cluster
-    "tests/integration/e2e/test_cdc_pipeline.py",  # 438
-    "tests/integration/reliability/test_least_privilege.py",  # 353
-    "tests/integration/reliability/test_failover.py",  # 291
-    "tests/integration/airflow/test_asset_events.py",  # 250
-    "tests/integration/e2e/test_openlineage.py",  # about 200, on Spark 4.1
-    "tests/integration/airflow/test_report_view.py",  # about 170
-    "tests/integration/spark/test_jobs_on_spark41.py",  # 161
-    "tests/integration/airflow/test_sandbox_runs.py",  # 67
-    "tests/integration/spark/test_parallel_apply.py",  # 65
-    "tests/integration/reliability/test_crash_soak.py",  # 59
-    "tests/integration/airflow/test_asset_watcher.py",  # 49
+    "tests/integration/e2e/test_backfills.py",  # 734
+    "tests/integration/e2e/test_cdc_pipeline.py",  # 466
+    "tests/integration/e2e/test_rest_lake.py",  # 426, on its cluster
+    "tests/integration/reliability/test_least_privilege.py",  # 258
+    "tests/integration/e2e/test_catch_up.py",  # 248, a minute of it a retry's delay
+    "tests/integration/airflow/test_asset_events.py",  # 241
+    "tests/integration/spark/test_jobs_on_spark41.py",  # 147
+    "tests/integration/airflow/test_report_view.py",  # 143
+    "tests/integration/reliability/test_failover.py",  # 132
+    "tests/integration/e2e/test_openlineage.py",  # 110 and more, on Spark 4.1
+    "tests/integration/reliability/test_crash_soak.py",  # 71
+    "tests/integration/spark/test_parallel_apply.py",  # 70
+    "tests/integration/airflow/test_sandbox_runs.py",  # 69
+    "tests/integration/airflow/test_asset_watcher.py",  # 51
 )
 
 
