@@ -31,6 +31,10 @@ PROPERTIES_NAME = "postgres-cdc-secrets.conf"
 # INFO is thousands of lines per job, each read and logged by the Spark provider's hook. The jobs' own
 # lines (what each table took, the cut) are Python logging, which this leaves alone.
 DRIVER_LOG_CONF = {"spark.log.level": "WARN"}
+# A short job's driver JVM compiles with C1 only: it ends before the optimizing compiler pays off
+# (measured in docs/LAKE.md, "What a table costs").
+SHORT_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+SHORT_DRIVER_CONF = {"spark.driver.extraJavaOptions": SHORT_JIT_OPTIONS}
 _PROPERTY_KEY = re.compile(r"^((?:[^\\\s=:]|\\.)+)")
 
 
@@ -62,21 +66,22 @@ def submit_settings(
     return public, write_properties_file(directory, secret, properties_file or spark_defaults_file())
 
 
-def with_driver_log_default(
-    conf: Mapping[str, str], properties_file: str | None, environ: Mapping[str, str] = os.environ
+def with_defaults(
+    conf: Mapping[str, str],
+    defaults: Mapping[str, str],
+    properties_file: str | None,
+    environ: Mapping[str, str] = os.environ,
 ) -> dict[str, str]:
-    """``conf`` with the jobs' WARN driver log level added, unless the user already chose a level.
+    """``conf`` with each of ``defaults`` added, unless the user already set that key.
 
-    A level set in ``conf``, in the ``properties_file`` the job is submitted with, or in the
+    A key set in ``conf``, in the ``properties_file`` the job is submitted with, or in the
     ``spark-defaults.conf`` spark-submit reads otherwise is the user's and stays: given as
     ``--conf``, the default would override the files.
     """
-    if any(key in conf for key in DRIVER_LOG_CONF):
-        return dict(conf)
     source = properties_file or spark_defaults_file(environ)
-    if source and os.path.isfile(source) and set(DRIVER_LOG_CONF) & property_keys(source):
-        return dict(conf)
-    return {**DRIVER_LOG_CONF, **conf}
+    in_file = property_keys(source) if source and os.path.isfile(source) else set()
+    added = {key: value for key, value in defaults.items() if key not in conf and key not in in_file}
+    return {**added, **conf}
 
 
 def property_keys(path: str | os.PathLike[str]) -> set[str]:

@@ -152,6 +152,12 @@ class TableManifest:
         )
 
 
+# A batch of up to this many changes (a snapshot: rows) makes a short Spark job. In a fresh JVM,
+# compiling costs more than it saves there: the job's queries are interpreted rather than compiled
+# to Java (spark/table_runs.py), and its driver JVM compiles with C1 only (operators/spark_apply.py).
+SHORT_JOB_ROWS = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class ManifestStats:
     """Totals of a batch (``changes``/``transactions`` are 0 for a snapshot, which has rows instead).
@@ -226,6 +232,11 @@ class Manifest:
     @property
     def total_rows(self) -> int:
         return sum(entry.rows for entry in self.tables)
+
+    @property
+    def short_job(self) -> bool:
+        """Whether a Spark job of this manifest is short (see :data:`SHORT_JOB_ROWS`)."""
+        return self.total_rows <= SHORT_JOB_ROWS
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -63,9 +63,16 @@ class LakeSparkJobOperator(SparkSubmitOperator):
         """Spark settings the job itself wants (explicit ``conf`` entries still win)."""
         return {}
 
+    def driver_defaults(self) -> dict[str, str]:
+        """Settings for the job's driver that the user's ``conf``, ``properties_file`` or
+        ``spark-defaults.conf`` override (``engine/spark_conf.with_defaults``): a quiet log."""
+        from airflow_provider_postgres_cdc.engine.spark_conf import DRIVER_LOG_CONF
+
+        return dict(DRIVER_LOG_CONF)
+
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.lake_catalog import check_catalog, check_warehouse
-        from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings, with_driver_log_default
+        from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings, with_defaults
 
         lake = self._get_lake_hook().get_conn()
         # A catalog that is down or refuses the credentials, or a warehouse bucket that is missing or
@@ -78,8 +85,9 @@ class LakeSparkJobOperator(SparkSubmitOperator):
         if lake.namespace_prefix:
             args += ["--namespace-prefix", lake.namespace_prefix]
         self.application_args = args + self.job_arguments(lake)
-        conf = with_driver_log_default(
+        conf = with_defaults(
             {**self.job_conf(), **lake.spark_conf(), **self.staging_conf(), **(self.conf or {})},
+            self.driver_defaults(),
             self.properties_file,
         )
         # The private directory (and the secrets file in it) is deleted when the job has ended.

@@ -249,7 +249,11 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             SPARK_PASSWORD_ENV,
             jdbc_connection,
         )
-        from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings, with_driver_log_default
+        from airflow_provider_postgres_cdc.engine.spark_conf import (
+            DRIVER_LOG_CONF,
+            submit_settings,
+            with_defaults,
+        )
 
         url, properties, password = jdbc_connection(params)
         spec = run.spark_job_spec(url, properties)
@@ -259,7 +263,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             with open(spec_path, "w", encoding="utf-8") as handle:
                 json.dump(spec, handle)
             staging = staging_spark_conf(self.staging_conn_id, str(self.staging))
-            settings = with_driver_log_default({**staging, **(self.spark_conf or {})}, None)
+            settings = with_defaults({**staging, **(self.spark_conf or {})}, DRIVER_LOG_CONF, None)
             conf, properties_file = submit_settings(settings, scratch)
             self._spark_hook = hook = SparkSubmitHook(
                 conn_id=self.spark_conn_id,

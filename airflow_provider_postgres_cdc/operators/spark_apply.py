@@ -77,6 +77,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         self.staging_conn_id = staging_conn_id
         self.asset_alias = asset_alias
         self.table_parallelism = table_parallelism
+        self._manifest: Manifest | None = None  # read when the task runs
 
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         args = ["--manifest", str(self.manifest), "--write-mode", self.write_mode]
@@ -89,6 +90,12 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
     def job_conf(self) -> dict[str, str]:
         return {"spark.scheduler.mode": "FAIR"}  # the tables' scheduler pools share the executors
 
+    def driver_defaults(self) -> dict[str, str]:
+        from airflow_provider_postgres_cdc.engine.spark_conf import SHORT_DRIVER_CONF
+
+        short = self._manifest is not None and self._manifest.short_job
+        return {**super().driver_defaults(), **(SHORT_DRIVER_CONF if short else {})}
+
     def execute(self, context: Context) -> None:
         from airflow_provider_postgres_cdc.engine.staging import read_manifest  # loads pyarrow: at run time
 
@@ -97,7 +104,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         if isinstance(rendered, str) and rendered.strip().isdigit():
             self.table_parallelism = int(rendered)
         check_positive("table_parallelism", self.table_parallelism)
-        manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
+        self._manifest = manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
             # An empty batch changes no table: nothing to submit, and the ack needs no commit.
             self.log.info("batch %s holds no changes; nothing to apply", manifest.batch_id)

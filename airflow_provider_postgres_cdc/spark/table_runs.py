@@ -28,8 +28,6 @@ log = logging.getLogger("postgres_cdc.apply")
 
 # Times one table is redone when another writer commits it first.
 CONFLICT_ATTEMPTS = 5
-# Up to this many changes (a snapshot: rows), the job's queries are interpreted, not compiled.
-INTERPRETED_ROWS = 100_000
 _Result = TypeVar("_Result")
 
 
@@ -85,12 +83,12 @@ def interpreted_if_small(spark: SparkSession, manifest: Manifest) -> Iterator[No
 
     In a fresh JVM, compiling each query's generated Java costs far more than running it on a few
     thousand rows: an OLTP batch of six tables spends about 10 of its 40 s there (docs/LAKE.md).
-    Above :data:`INTERPRETED_ROWS` changes (a snapshot: rows) compiled code pays for itself. A
-    setting the session has already (given to spark-submit) wins.
+    Above :data:`~airflow_provider_postgres_cdc.formats.manifest.SHORT_JOB_ROWS` changes (a
+    snapshot: rows) compiled code pays for itself. A setting the session has already (given to
+    spark-submit) wins.
     """
-    size = manifest.stats.changes if manifest.kind == "batch" else sum(t.rows for t in manifest.tables)
     settings = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-    chosen = [key for key in settings if size <= INTERPRETED_ROWS and spark.conf.get(key, None) is None]
+    chosen = [key for key in settings if manifest.short_job and spark.conf.get(key, None) is None]
     for key in chosen:
         spark.conf.set(key, settings[key])
     try:

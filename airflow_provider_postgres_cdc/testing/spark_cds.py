@@ -20,12 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from airflow_provider_postgres_cdc.engine.spark_conf import SHORT_JIT_OPTIONS
 from airflow_provider_postgres_cdc.spark import WARM_UP_JOB_PATH
 
 # Where ``make`` tells the tests the archive is.
 SPARK_CDS_ENV = "POSTGRES_CDC_SPARK_CDS"
 # Only the first JIT tier: short-lived drivers finish before the optimizing compiler pays off.
-SHORT_JVM_OPTS = "-XX:TieredStopAtLevel=1"
+SHORT_JVM_OPTS = SHORT_JIT_OPTIONS
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 

@@ -11,7 +11,7 @@ from airflow_provider_postgres_cdc.engine.spark_conf import (
     spark_defaults_file,
     split_secrets,
     submit_settings,
-    with_driver_log_default,
+    with_defaults,
 )
 
 
@@ -84,20 +84,25 @@ def test_the_spark_defaults_are_found_where_spark_submit_looks(tmp_path: Path) -
     assert spark_defaults_file({"SPARK_HOME": str(tmp_path)}) == tmp_path / "conf" / "spark-defaults.conf"
 
 
-def test_the_quiet_driver_log_level_is_a_default_the_users_files_and_conf_override(tmp_path: Path) -> None:
-    quiet = {"spark.log.level": "WARN", "spark.master": "local[2]"}
-    assert with_driver_log_default({"spark.master": "local[2]"}, None, environ={}) == quiet
-    assert with_driver_log_default({"spark.log.level": "DEBUG"}, None, environ={}) == {
-        "spark.log.level": "DEBUG"
+def test_the_jobs_defaults_are_added_only_where_neither_conf_nor_the_users_files_set_them(
+    tmp_path: Path,
+) -> None:
+    defaults = {"spark.log.level": "WARN", "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    conf = {"spark.master": "local[2]"}
+    assert with_defaults(conf, defaults, None, environ={}) == {**defaults, **conf}
+    assert with_defaults({"spark.log.level": "DEBUG"}, defaults, None, environ={}) == {
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        "spark.log.level": "DEBUG",
     }
-    # The user's properties file, or the spark-defaults.conf spark-submit reads, sets a level: it stays.
+    # The user's properties file, or the spark-defaults.conf spark-submit reads, sets a key: it stays.
     (tmp_path / "mine.conf").write_text("# mine\n  spark.log.level   INFO\nspark.master=yarn\n")
-    assert with_driver_log_default({}, str(tmp_path / "mine.conf"), environ={}) == {}
-    (tmp_path / "conf").mkdir()
-    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.log.level=ERROR\n")
-    assert with_driver_log_default({}, None, environ={"SPARK_CONF_DIR": str(tmp_path / "conf")}) == {}
-    # A file that sets other keys only, or only mentions the key in a comment, leaves the default on.
-    (tmp_path / "other.conf").write_text("#spark.log.level INFO\nspark.executor.memory 2g\n")
-    assert with_driver_log_default({}, str(tmp_path / "other.conf"), environ={}) == {
-        "spark.log.level": "WARN"
+    assert with_defaults({}, defaults, str(tmp_path / "mine.conf"), environ={}) == {
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"
     }
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions=-Xss4m\n")
+    environ = {"SPARK_CONF_DIR": str(tmp_path / "conf")}
+    assert with_defaults({}, defaults, None, environ=environ) == {"spark.log.level": "WARN"}
+    # A file that sets other keys only, or only mentions one in a comment, leaves the defaults on.
+    (tmp_path / "other.conf").write_text("#spark.log.level INFO\nspark.executor.memory 2g\n")
+    assert with_defaults({}, defaults, str(tmp_path / "other.conf"), environ={}) == defaults

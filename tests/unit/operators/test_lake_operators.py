@@ -7,6 +7,7 @@ lake connection's hook and the zip of the job's package modules.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
@@ -17,7 +18,12 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, Manifest, TableManifest
+from airflow_provider_postgres_cdc.formats.manifest import (
+    SHORT_JOB_ROWS,
+    ColumnManifest,
+    Manifest,
+    TableManifest,
+)
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.operators.maintenance import PostgresCdcLakeMaintenanceOperator
 from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
@@ -78,6 +84,7 @@ def test_apply_submits_the_lake_conf_the_job_modules_and_the_manifest(
     assert "credential" in call["properties"] and "spark.redaction.regex" not in call["conf"]
     assert call["conf"]["spark.sql.catalog.shop.warehouse"] == "s3a://override"  # explicit conf wins
     assert call["conf"]["spark.log.level"] == "WARN"  # Spark's INFO lines stay out of the task log
+    assert call["conf"]["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"  # a short job
     assert call["args"][:2] == ["--catalog", "shop"] and "--namespace-prefix" in call["args"]
     assert call["args"][call["args"].index("--manifest") + 1] == path
     assert "s3cret" not in " ".join(call["args"]) + json.dumps(call["conf"])
@@ -155,3 +162,21 @@ def test_the_spark_connection_is_rendered_from_a_template(
     operator.render_template_fields({"params": {"spark": "spark_local"}})  # type: ignore[arg-type]
     operator.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
     assert submitted[0]["conn_id"] == "spark_local"
+
+
+def test_only_a_short_jobs_driver_compiles_with_c1_only_and_the_users_options_win(
+    submitted: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    large = dataclasses.replace(TABLE, rows=SHORT_JOB_ROWS + 1)
+    (tmp_path / "large").mkdir()
+    PostgresCdcSparkApplyOperator(
+        task_id="apply", manifest=write_manifest(tmp_path / "large", (large,)), lake_conn_id="shop_lake"
+    ).execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
+    (tmp_path / "small").mkdir()
+    PostgresCdcSparkApplyOperator(
+        task_id="apply", manifest=write_manifest(tmp_path / "small", (TABLE,)), lake_conn_id="shop_lake",
+        conf={"spark.driver.extraJavaOptions": "-Xss4m"},
+    ).execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]  # fmt: skip
+    large_call, own_call = submitted
+    assert "spark.driver.extraJavaOptions" not in large_call["conf"]  # a long job: the full JIT pays off
+    assert own_call["conf"]["spark.driver.extraJavaOptions"] == "-Xss4m"
