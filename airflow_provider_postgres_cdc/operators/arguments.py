@@ -37,3 +37,12 @@ def check_positive(argument: str, value: Any) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{argument} must be a positive whole number, not {value!r}")
+
+
+def rendered_positive(argument: str, value: Any) -> int:
+    """``value`` once Airflow rendered it (a template renders to text) as a positive whole number;
+    ``ValueError`` as :func:`check_positive` raises it otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    check_positive(argument, value)
+    return int(value)

@@ -10,7 +10,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_provider_postgres_cdc.operators.arguments import check_positive
+from airflow_provider_postgres_cdc.operators.arguments import check_positive, rendered_positive
 
 
 class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
@@ -59,9 +59,7 @@ class PostgresCdcCatchUpOperator(TriggerDagRunOperator):
         from airflow_provider_postgres_cdc.engine.catch_up import CATCH_UP_SINCE, catch_up
         from airflow_provider_postgres_cdc.engine.health.units import parse_size
 
-        if isinstance(self.catch_up_seconds, str) and self.catch_up_seconds.strip().isdigit():
-            self.catch_up_seconds = int(self.catch_up_seconds)  # a rendered template is text
-        check_positive("catch_up_seconds", self.catch_up_seconds)
+        self.catch_up_seconds = rendered_positive("catch_up_seconds", self.catch_up_seconds)
         ti = context["ti"]
         drained = ti.xcom_pull(task_ids=self.drain_task_id) or {}
         acked = ti.xcom_pull(task_ids=self.ack_task_id) or {}

@@ -16,7 +16,7 @@ from airflow_provider_postgres_cdc.errors import LakeCatalogError
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, WriteMode
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
-from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_positive
+from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_positive, rendered_positive
 from airflow_provider_postgres_cdc.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, TABLE_PARALLELISM
 
@@ -100,10 +100,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         from airflow_provider_postgres_cdc.engine.staging import read_manifest  # loads pyarrow: at run time
 
         check_choice("write_mode", self.write_mode, WRITE_MODES)
-        rendered = self.table_parallelism  # a rendered template is text
-        if isinstance(rendered, str) and rendered.strip().isdigit():
-            self.table_parallelism = int(rendered)
-        check_positive("table_parallelism", self.table_parallelism)
+        self.table_parallelism = rendered_positive("table_parallelism", self.table_parallelism)
         self._manifest = manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
             # An empty batch changes no table: nothing to submit, and the ack needs no commit.
