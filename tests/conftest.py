@@ -24,8 +24,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from airflow_provider_postgres_cdc.engine.spark_conf import SHORT_JIT_OPTIONS
 from airflow_provider_postgres_cdc.testing import PostgresCluster
-from airflow_provider_postgres_cdc.testing.spark_cds import SHORT_JVM_OPTS, SPARK_CDS_ENV, driver_java_options
+from airflow_provider_postgres_cdc.testing.spark_cds import SPARK_CDS_ENV, driver_java_options
 from tests.pg_majors import DEFAULT, PG18, default_major
 from tests.spark_lines import SPARK_35, SparkLine, spark_line_named
 
@@ -53,7 +54,7 @@ LONGEST_FIRST = (
 def pytest_configure() -> None:
     """Short-lived Spark JVMs: the driver's (``SPARK_SUBMIT_OPTS``) and spark-class's launcher's."""
     os.environ.setdefault("SPARK_SUBMIT_OPTS", driver_java_options(os.environ.get(SPARK_CDS_ENV)))
-    os.environ.setdefault("SPARK_LAUNCHER_OPTS", SHORT_JVM_OPTS)
+    os.environ.setdefault("SPARK_LAUNCHER_OPTS", SHORT_JIT_OPTIONS)
 
 
 @pytest.hookimpl(trylast=True)

@@ -27,7 +27,7 @@ _SECRET_PART = re.compile(r"(password|secret|token|credential)", re.IGNORECASE)
 # Spark's UI and event log redact values whose keys match this (Spark's default plus ``credential``).
 REDACTION_REGEX = r"(?i)secret|password|token|access[.]key|credential"
 PROPERTIES_NAME = "postgres-cdc-secrets.conf"
-# The jobs' drivers log at WARN unless the user set a level (see ``with_driver_log_default``): Spark's
+# The jobs' drivers log at WARN unless the user set a level (``with_defaults``): Spark's
 # INFO is thousands of lines per job, each read and logged by the Spark provider's hook. The jobs' own
 # lines (what each table took, the cut) are Python logging, which this leaves alone.
 DRIVER_LOG_CONF = {"spark.log.level": "WARN"}

@@ -25,16 +25,14 @@ from airflow_provider_postgres_cdc.spark import WARM_UP_JOB_PATH
 
 # Where ``make`` tells the tests the archive is.
 SPARK_CDS_ENV = "POSTGRES_CDC_SPARK_CDS"
-# Only the first JIT tier: short-lived drivers finish before the optimizing compiler pays off.
-SHORT_JVM_OPTS = SHORT_JIT_OPTIONS
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def driver_java_options(archive: str | os.PathLike[str] | None) -> str:
     """Java options for a short Spark driver: the archive's when it exists, else only the short JIT."""
     if archive and os.path.isfile(archive):
-        return f"{SHORT_JVM_OPTS} -XX:SharedArchiveFile={archive} {_QUIET}"
-    return SHORT_JVM_OPTS
+        return f"{SHORT_JIT_OPTIONS} -XX:SharedArchiveFile={archive} {_QUIET}"
+    return SHORT_JIT_OPTIONS
 
 
 def write_archive(archive: Path, jars: str) -> None:
@@ -55,7 +53,7 @@ def write_archive(archive: Path, jars: str) -> None:
             "spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
             *(["--jars", jars] if jars else []), *confs, WARM_UP_JOB_PATH, scratch,
         ]  # fmt: skip
-        env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{SHORT_JVM_OPTS} -XX:ArchiveClassesAtExit={partial}"}
+        env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{SHORT_JIT_OPTIONS} -XX:ArchiveClassesAtExit={partial}"}
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0 or not partial.is_file():
             raise RuntimeError(

@@ -82,9 +82,8 @@ def rerun_snapshot(
         position = describe_slot(conn, slot).confirmed_flush_lsn
     finally:
         conn.close()
-    location = StagingLocation.resolve(
-        staging, staging_options
-    )  # once: an s3:// bucket's region is looked up
+    # Resolved once: an s3:// store's bucket region is looked up.
+    location = StagingLocation.resolve(staging, staging_options)
     staged = staged_snapshot(location, slot)
     if staged is not None and position is not None and staged[1].end_lsn >= position:
         return Rerun(
