@@ -12,7 +12,6 @@ from airflow.sdk.exceptions import AirflowSkipException, DagRunTriggerException
 from airflow_provider_postgres_cdc.engine.catch_up import CATCH_UP_SINCE
 from airflow_provider_postgres_cdc.operators.catch_up import PostgresCdcCatchUpOperator
 
-STARTED = datetime.now(UTC) - timedelta(minutes=5)
 PARAMS = {"slot_name": "shop_cdc", "staging": "/st", "max_messages": 1000, CATCH_UP_SINCE: None}
 
 
@@ -29,11 +28,23 @@ class TaskInstance:
 @dataclass
 class DagRun:
     conf: dict[str, Any]
-    start_date: datetime = STARTED
+    start_date: datetime
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run(*, full: bool, lag: int | None, conf: dict[str, Any], min_lag: int | str = 0) -> Any:
+def five_minutes_ago() -> datetime:
+    """A run's start, taken when the test runs: a time fixed at import would age while the suite runs."""
+    return datetime.now(UTC) - timedelta(minutes=5)
+
+
+def run(
+    *,
+    full: bool,
+    lag: int | None,
+    conf: dict[str, Any],
+    min_lag: int | str = 0,
+    started: datetime | None = None,
+) -> Any:
     operator = PostgresCdcCatchUpOperator(
         task_id="catch_up",
         drain_task_id="g.drain",
@@ -46,7 +57,7 @@ def run(*, full: bool, lag: int | None, conf: dict[str, Any], min_lag: int | str
     operator.catch_up_seconds = "600"  # as Airflow renders the template: text
     context = {
         "ti": TaskInstance({"g.drain": {"full": full}, "g.ack": {"lag_bytes": lag}}),
-        "dag_run": DagRun(conf),
+        "dag_run": DagRun(conf, started or five_minutes_ago()),
         "params": PARAMS,
     }
     return operator.execute(context)  # type: ignore[arg-type]
@@ -54,13 +65,14 @@ def run(*, full: bool, lag: int | None, conf: dict[str, Any], min_lag: int | str
 
 def test_a_full_batch_triggers_the_next_run_with_the_runs_params_and_the_chains_start() -> None:
     conf = {"slot_name": "shop_cdc", "max_messages": 1000, "not_a_param": "x"}
+    started = five_minutes_ago()
     with pytest.raises(DagRunTriggerException) as raised:
-        run(full=True, lag=50 << 20, conf=conf)
+        run(full=True, lag=50 << 20, conf=conf, started=started)
     assert raised.value.trigger_dag_id == "shop_cdc"
     assert raised.value.conf == {
         "slot_name": "shop_cdc",
         "max_messages": 1000,
-        CATCH_UP_SINCE: STARTED.isoformat(),
+        CATCH_UP_SINCE: started.isoformat(),
     }
 
 
