@@ -116,6 +116,10 @@ class LakeConfigError(PostgresCdcError, ValueError):
     """The lake (Iceberg catalog) configuration is incomplete or malformed."""
 
 
+class PartitionSpecError(PostgresCdcError, ValueError):
+    """A ``partition_by`` option names an unknown transform, an unpublished column or one it cannot take."""
+
+
 class LakeNameError(PostgresCdcError):
     """A published table has no lake name its lake can hold (too long, or shared with another table)."""
 
