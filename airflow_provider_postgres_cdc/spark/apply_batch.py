@@ -2,7 +2,8 @@
 
     spark-submit --py-files postgres_cdc_job.zip --conf spark.sql.catalog.lake=... apply_batch.py \
         --manifest <staging>/<slot>/<batch id>/_manifest.json --catalog lake [--namespace-prefix P] \
-        [--tables public.orders,public.items] [--write-mode merge-on-read|copy-on-write]
+        [--tables public.orders,public.items] [--write-mode merge-on-read|copy-on-write] \
+        [--partition-by '{"public.orders": ["days(placed_at)"]}']
 
 The catalog itself is configured the Spark way (``spark.sql.catalog.<name>.*``; the apply operator
 passes them from its lake connection). Per table, one Iceberg commit applies the batch and records
@@ -37,6 +38,11 @@ from airflow_provider_postgres_cdc.formats import lake
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling
+from airflow_provider_postgres_cdc.formats.partitioning import (
+    PartitionSpecs,
+    check_manifest,
+    parse_partition_by,
+)
 from airflow_provider_postgres_cdc.formats.schema_changes import SourceColumn, encode_columns
 from airflow_provider_postgres_cdc.formats.window import Window, changelog_window, table_window
 from airflow_provider_postgres_cdc.spark import TABLE_PARALLELISM, multiset
@@ -112,12 +118,18 @@ class ApplyJob:
     """One manifest applied to the lake: the per-table steps and the cut that follows them."""
 
     def __init__(
-        self, spark: SparkSession, tables: IcebergTables, manifest: Manifest, manifest_path: str
+        self,
+        spark: SparkSession,
+        tables: IcebergTables,
+        manifest: Manifest,
+        manifest_path: str,
+        partitions: PartitionSpecs | None = None,
     ) -> None:
         self.spark = spark
         self.tables = tables
         self.manifest = manifest
         self.base_dir = base_dir(manifest_path)
+        self.partitions = partitions or {}  # a table it does not name keeps its spec
 
     def summary(
         self,
@@ -185,13 +197,16 @@ class ApplyJob:
         summary = self.summary(point, applied_end, source_columns, started=begun)
         keys = key_columns(spec, [c.name for c in _table_columns(rows)])
         rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
+        partition = self.partitions.get(spec.qualified)
         if table is None:
-            self.tables.create(identifier, rows, summary, self.manifest.slot)
+            self.tables.create(identifier, rows, summary, self.manifest.slot, partition)
         else:
-            retyped = self.tables.replace_column_types(identifier, _table_columns(rows))
+            retired = f"__pgl_before_{int(point):016X}"
+            retyped = self.tables.replace_column_types(identifier, _table_columns(rows), retired)
             changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
-            self.tables.retire_changelog_columns(changelog, retyped, f"__pgl_before_{int(point):016X}")
+            self.tables.retire_changelog_columns(changelog, retyped, retired)
             self.tables.evolve(identifier, _table_columns(rows))
+            self.tables.conform_spec(identifier, partition)
             current = table.currentSnapshot()  # as read above: a commit since then makes this one fail
             read_snapshot = int(current.snapshotId()) if current is not None else None
             self.tables.overwrite(
@@ -259,7 +274,7 @@ class ApplyJob:
             return TableResult(spec.qualified, "skipped")
         base = state.base_lsn if state is not None else ZERO
         steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, window.start)
-        staged = self._live_changes(spec, window.start)
+        staged, partition = self._live_changes(spec, window.start), self.partitions.get(spec.qualified)
         if staged is None:
             if table is not None:
                 summary = self.summary(base, end, steps.source_columns, started=begun)
@@ -279,11 +294,13 @@ class ApplyJob:
                 "table %s has no snapshot load in the lake: creating it empty from this batch", spec.qualified
             )
             empty = self.spark.createDataFrame([], StructType(columns))
-            self.tables.create(identifier, empty, self.summary(ZERO, ZERO, started=begun), self.manifest.slot)
+            created = self.summary(ZERO, ZERO, started=begun)
+            self.tables.create(identifier, empty, created, self.manifest.slot, partition)
             table = self.tables.java_table(identifier)
         read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
         lake_columns = self.tables.schema(identifier).fieldNames()
         self.tables.evolve(identifier, columns)
+        self.tables.conform_spec(identifier, partition)
         self._append_changelog(spec, candidates, logging_window)
         target = self.tables.name(identifier)
         if read_snapshot is not None:
@@ -307,7 +324,7 @@ class ApplyJob:
             sql = merge_sql(target, temp_view(net.rows), schema, columns, keys, net.truncated, bounds)
         summary = self.summary(base, end, steps.source_columns, started=begun, counts=facts.counts)
         if sql is not None:
-            self.tables.merge(sql, summary)
+            self.tables.sql_commit(sql, summary)
         if read_snapshot is not None:
             self.tables.publish_branch(identifier)
         merged = self.tables.java_table(identifier)
@@ -426,16 +443,20 @@ def apply_manifest(
     tables: Sequence[str] | None = None,
     write_mode: str = "merge-on-read",
     parallelism: int = TABLE_PARALLELISM,
+    partition_by: str | None = None,
 ) -> list[TableResult]:
     """Apply a snapshot or batch manifest to the lake; the Python entry point of the job.
 
     ``tables`` (``schema.table`` names) restricts the run to some tables of the manifest; the cut
-    is tagged only once every table of the manifest holds the batch.
+    is tagged only once every table of the manifest holds the batch. ``partition_by``: the
+    option's JSON text (``formats/partitioning.py``).
     """
+    partitions = parse_partition_by(partition_by)
     spark.conf.set("spark.sql.caseSensitive", "true")  # PostgreSQL names "ID" and "id" differ
     lake_tables = IcebergTables(spark, config, write_mode)
     manifest = load_manifest(spark, manifest_path)
     config.check_names((s.schema, s.table) for s in manifest.tables)  # before any table is touched
+    check_manifest(manifest, partitions)
     specs = list(manifest.tables)
     if tables:
         wanted = set(tables)
@@ -444,12 +465,14 @@ def apply_manifest(
             raise ApplyError(f"--tables names {sorted(unknown)} not in manifest {manifest_path}")
         specs = [s for s in specs if s.qualified in wanted]
     with interpreted_if_small(spark, manifest):
-        return ApplyJob(spark, lake_tables, manifest, manifest_path).run(specs, parallelism)
+        return ApplyJob(spark, lake_tables, manifest, manifest_path, partitions).run(specs, parallelism)
 
 
 def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
-    results = apply_manifest(spark, args.manifest, config, tables, args.write_mode, args.table_parallelism)
+    results = apply_manifest(
+        spark, args.manifest, config, tables, args.write_mode, args.table_parallelism, args.partition_by
+    )
     return [{"manifest": args.manifest, "tables": [asdict(r) for r in results]}]
 
 
@@ -463,6 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-mode", default="merge-on-read", help="row-level write mode of new tables")
     parser.add_argument(
         "--table-parallelism", type=int, default=TABLE_PARALLELISM, help="tables applied at once"
+    )
+    parser.add_argument(
+        "--partition-by", default="", help='JSON: {"schema.table": ["days(col)", ...]} (docs/LAKE.md)'
     )
     return run_job(parser, _run, argv)
 

@@ -36,8 +36,10 @@ from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogEr
 from airflow_provider_postgres_cdc.formats import lake, lake_index
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.formats.partitioning import PARTITION_PROPERTY, PartitionField, spec_text
 from airflow_provider_postgres_cdc.spark.changes import OLD
 from airflow_provider_postgres_cdc.spark.lake_failures import root_cause
+from airflow_provider_postgres_cdc.spark.partitioning import conform_spec, drop_columns, partition_clause
 
 log = logging.getLogger("postgres_cdc.apply")
 
@@ -241,12 +243,17 @@ class IcebergTables:
             update.commit()
             log.info("%s: schema evolved for %s", self.name(identifier), [f.name for f in incoming])
 
-    def replace_column_types(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> list[str]:
+    def replace_column_types(
+        self, identifier: tuple[str, str], incoming: Sequence[StructField], suffix: str
+    ) -> list[str]:
         """For a snapshot load: columns whose type cannot be promoted are dropped (re-added by
         :meth:`evolve` with the new type); returns their names.
 
         The load overwrites every row right after, so the column's old values are not needed;
-        readers see the column empty between the two commits.
+        readers see the column empty between the two commits. A column a partition spec of the
+        table ever used is renamed ``<name><suffix>`` instead, and stays empty: Iceberg keeps every
+        spec, and writes fail once one's source column is gone. Partition fields on such a column
+        are removed with it; :meth:`conform_spec` sets the spec the option names again.
         """
         current = {f.name: f.dataType for f in self.schema(identifier).fields}
         stale = []
@@ -257,11 +264,7 @@ class IcebergTables:
                 except ValueError:
                     stale.append(field.name)
         if stale:
-            table = self.java_table(identifier)
-            update = table.updateSchema()
-            for name in stale:
-                update = update.deleteColumn(name)
-            update.commit()
+            drop_columns(self.java_table(identifier), stale, suffix)
             log.warning(
                 "%s: columns %s changed type; reloaded with the new type", self.name(identifier), stale
             )
@@ -294,12 +297,29 @@ class IcebergTables:
         return {f"snapshot-property.{key}": value for key, value in summary.items()}
 
     def create(
-        self, identifier: tuple[str, str], rows: DataFrame, summary: Mapping[str, str], slot: str
+        self,
+        identifier: tuple[str, str],
+        rows: DataFrame,
+        summary: Mapping[str, str],
+        slot: str,
+        partition: Sequence[PartitionField] | None = None,
     ) -> None:
-        """Create the table with its first rows in one commit (an atomic CREATE TABLE AS SELECT)."""
+        """Create the table with its first rows in one commit (an atomic CREATE TABLE AS SELECT),
+        under the partition spec ``partition`` names (``spark/partitioning.py``; None: unpartitioned)."""
         self.ensure_namespace(identifier[0])
+        properties = self.table_properties(slot)
+        if partition is not None:
+            properties[PARTITION_PROPERTY] = spec_text(partition)
+        if partition:  # Spark's DataFrame writer has no truncate transform: SQL has them all
+            settings = ", ".join(f"{literal(key)} = {literal(value)}" for key, value in properties.items())
+            self.sql_commit(
+                f"CREATE TABLE {self.name(identifier)} USING iceberg {partition_clause(partition)} "
+                f"TBLPROPERTIES ({settings}) AS SELECT * FROM {temp_view(rows)}",
+                summary,
+            )
+            return
         writer = rows.writeTo(self.name(identifier)).using("iceberg").options(**self._commit_options(summary))
-        for key, value in self.table_properties(slot).items():
+        for key, value in properties.items():
             writer = writer.tableProperty(key, value)
         writer.create()
 
@@ -354,8 +374,15 @@ class IcebergTables:
         table = self.java_table(identifier)
         table.manageSnapshots().fastForwardBranch("main", MERGE_BRANCH).removeBranch(MERGE_BRANCH).commit()
 
-    def merge(self, sql: str, summary: Mapping[str, str]) -> None:
-        """Run a ``MERGE INTO`` whose commit carries ``summary`` in its snapshot (CommitMetadata)."""
+    def conform_spec(self, identifier: tuple[str, str], partition: Sequence[PartitionField] | None) -> None:
+        """Move an existing table to the spec ``partition`` names, after its schema took the batch's
+        columns (``spark/partitioning.py``); None: the table keeps its spec."""
+        if partition is not None:
+            conform_spec(self._jvm, self.java_table(identifier), partition)
+
+    def sql_commit(self, sql: str, summary: Mapping[str, str]) -> None:
+        """Run a statement (``MERGE INTO``, ``CREATE TABLE AS SELECT``) whose commit carries
+        ``summary`` in its snapshot (CommitMetadata)."""
         props = self._jvm.java.util.HashMap()
         for key, value in summary.items():
             props.put(key, value)

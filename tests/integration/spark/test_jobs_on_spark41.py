@@ -4,8 +4,8 @@ pyspark 4 cannot share a process with the pyspark 3.5 the suite imports, so a ch
 this directory's tests runs in a pytest of its own whose pyspark is the 4.1 line's
 (tests/spark_lines.py), with the 4.1 lake jars: in-process, in that run's one Spark session, as
 on 3.5. The subset reaches every Iceberg API the jobs call through py4j (``CommitMetadata``,
-``Spark3Util.loadIcebergTable``, schema updates, branches, tags, empty overwrites, conflicts) and
-every stored procedure of the maintenance job.
+``Spark3Util.loadIcebergTable``, schema and partition spec updates, branches, tags, empty
+overwrites, conflicts) and every stored procedure of the maintenance job.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SUBSET = (
     "tests/integration/spark/test_resnapshot_apply.py::test_racing_batch_and_resnapshot_load_both_land[batch]",
     "tests/integration/spark/test_value_overflow.py::test_overflowing_values_and_time_reach_the_lake_exactly",
     "tests/integration/spark/test_maintenance.py::test_maintenance_keeps_rows_cuts_and_state",
+    "tests/integration/spark/test_partitioned_apply.py::test_a_partitioned_table_takes_batches_reloads_a_new_spec_and_maintenance",
 )
 pytestmark = pytest.mark.spark
 
