@@ -112,6 +112,7 @@ def cdc_microbatch_task_group(
     staging_conn_id: str | None = None,
     table_parallelism: int | str = TABLE_PARALLELISM,
     catch_up_seconds: int | str | None = None,
+    partition_by: Mapping[str, Sequence[str]] | str | None = None,
 ) -> TaskGroup:
     """Build the group inside the current DAG context; every string argument may be a template.
 
@@ -122,6 +123,8 @@ def cdc_microbatch_task_group(
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (endpoint and keys),
         for the drain, the apply's manifest read and the ack; ``None``: pyarrow's environment chain.
     :param table_parallelism: tables the apply job applies at once (a positive number).
+    :param partition_by: lake tables' Iceberg partition specs by source table, as
+        :class:`PostgresCdcSparkApplyOperator` takes them (``{"public.orders": ["days(placed_at)"]}``).
     :param catch_up_seconds: how long a chain of runs started by ``catch_up`` may go on (a
         positive number of seconds); ``None`` leaves the task out. The DAG's runs must carry
         their settings in params (as the factories' DAGs do): the next run gets this run's conf.
@@ -151,6 +154,7 @@ def cdc_microbatch_task_group(
             spark_binary=spark_binary,
             staging_conn_id=staging_conn_id,
             table_parallelism=table_parallelism,
+            partition_by=partition_by,
             **pool_argument(pool),
         )
         ack = PostgresCdcAckOperator(
@@ -201,6 +205,7 @@ def snapshot_task_group(
     staging_conn_id: str | None = None,
     copy_engine: CopyEngine = "local",
     table_parallelism: int | str = TABLE_PARALLELISM,
+    partition_by: Mapping[str, Sequence[str]] | str | None = None,
 ) -> TaskGroup:
     """Snapshot tables and load them; ``slot_mode`` as :class:`PostgresCdcSnapshotOperator` takes it.
 
@@ -218,6 +223,8 @@ def snapshot_task_group(
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store.
     :param copy_engine: ``"local"`` (in the worker) or ``"spark"`` (:class:`PostgresCdcSnapshotOperator`).
     :param table_parallelism: tables the load job loads at once (a positive number).
+    :param partition_by: lake tables' Iceberg partition specs, as the CDC group takes them; give
+        both groups the same, or a load creates a table with another spec than the CDC's.
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 
@@ -244,6 +251,7 @@ def snapshot_task_group(
             spark_binary=spark_binary,
             staging_conn_id=staging_conn_id,
             table_parallelism=table_parallelism,
+            partition_by=partition_by,
             **pool_argument(pool),
         )
         snapshot >> load

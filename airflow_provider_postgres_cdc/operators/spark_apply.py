@@ -5,7 +5,7 @@ Needs the ``spark`` extra (``pip install 'airflow-provider-postgres-cdc[spark]'`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import Context
@@ -15,8 +15,14 @@ from airflow_provider_postgres_cdc.assets import TABLES_ALIAS, alias, table_asse
 from airflow_provider_postgres_cdc.errors import LakeCatalogError
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, WriteMode
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.formats.partitioning import check_manifest, option_text, parse_partition_by
 from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
-from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_positive, rendered_positive
+from airflow_provider_postgres_cdc.operators.arguments import (
+    check_choice,
+    check_positive,
+    is_template,
+    rendered_positive,
+)
 from airflow_provider_postgres_cdc.operators.lake_job import LakeSparkJobOperator
 from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, TABLE_PARALLELISM
 
@@ -40,6 +46,11 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
     :param table_parallelism: how many tables the job applies at once (default 4), each in a pool
         of Spark's FAIR scheduler so a large table does not hold up the small ones; 1 applies them
         one after another (templated).
+    :param partition_by: the Iceberg partition spec of lake tables, by source table:
+        ``{"public.orders": ["days(placed_at)", "bucket(16, customer_id)"]}`` (or that as JSON
+        text). A table gets its spec when created and moves to a changed one; a table not named
+        keeps its own; ``[]`` makes one unpartitioned (docs/LAKE.md "Partitioned tables"). Checked
+        when the DAG is parsed, and against the batch's columns before the job is submitted (templated).
     :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
         one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
         cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
@@ -52,6 +63,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         "write_mode",
         "staging_conn_id",
         "table_parallelism",
+        "partition_by",
     )
 
     def __init__(
@@ -64,10 +76,13 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         staging_conn_id: str | None = None,
         asset_alias: str = TABLES_ALIAS,
         table_parallelism: int | str = TABLE_PARALLELISM,
+        partition_by: Mapping[str, Sequence[str]] | str | None = None,
         **kwargs: Any,
     ) -> None:
         check_choice("write_mode", write_mode, WRITE_MODES)
         check_positive("table_parallelism", table_parallelism)
+        if not is_template(partition_by):
+            parse_partition_by(partition_by)  # a typo fails the DAG file's import
         # Which tables a batch writes is known only once it is drained: the events go through an alias.
         kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
         super().__init__(application=APPLY_JOB_PATH, name=name, **kwargs)
@@ -77,11 +92,14 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         self.staging_conn_id = staging_conn_id
         self.asset_alias = asset_alias
         self.table_parallelism = table_parallelism
+        self.partition_by = partition_by
         self._manifest: Manifest | None = None  # read when the task runs
+        self._partition_option = ""  # the rendered option, checked, as the job takes it
 
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         args = ["--manifest", str(self.manifest), "--write-mode", self.write_mode]
         args += ["--table-parallelism", str(self.table_parallelism)]
+        args += ["--partition-by", self._partition_option] if self._partition_option else []
         return args + (["--tables", ",".join(self.tables)] if self.tables else [])
 
     def staging_conf(self) -> dict[str, str]:
@@ -101,11 +119,14 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
 
         check_choice("write_mode", self.write_mode, WRITE_MODES)
         self.table_parallelism = rendered_positive("table_parallelism", self.table_parallelism)
+        partitions = parse_partition_by(self.partition_by)
         self._manifest = manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
             # An empty batch changes no table: nothing to submit, and the ack needs no commit.
             self.log.info("batch %s holds no changes; nothing to apply", manifest.batch_id)
             return
+        check_manifest(manifest, partitions)  # before the job is submitted: nothing is committed
+        self._partition_option = option_text(partitions) if partitions else ""
         super().execute(context)
         self._emit_table_events(context, manifest)
 

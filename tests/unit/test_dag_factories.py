@@ -141,3 +141,39 @@ def test_catch_up_is_a_param_of_the_cdc_dag_and_can_be_left_out() -> None:
     assert dag.get_task("postgres_cdc.catch_up").upstream_task_ids == {"postgres_cdc.ack"}
     without = dag_factories.cdc_microbatch_dag(staging=STAGING, catch_up_seconds=None)
     assert "catch_up_seconds" not in without.params and "postgres_cdc.catch_up" not in without.task_dict
+
+
+@pytest.mark.parametrize(
+    ("factory", "task_id"),
+    [
+        (dag_factories.cdc_microbatch_dag, "postgres_cdc.apply"),
+        (dag_factories.initial_snapshot_dag, "postgres_cdc_snapshot.load"),
+        (dag_factories.backfill_tables_dag, "postgres_cdc_resnapshot.load"),
+        (dag_factories.recover_slot_dag, "postgres_cdc_snapshot.load"),
+    ],
+)
+def test_every_dag_creating_lake_tables_takes_the_partition_param(
+    factory: Callable[..., DAG], task_id: str
+) -> None:
+    from airflow_provider_postgres_cdc.formats.partitioning import parse_partition_by
+
+    dag = factory(staging=STAGING, partition_by={"public.orders": ["days(placed_at)"]})
+    params = ParamsDict(dag.params).validate()
+    assert params["partition_by"] == {"public.orders": ["days(placed_at)"]}
+    task = dag.get_task(task_id)
+    run_conf = {"public.items": ['bucket(4, "Item Id")']}  # a run's conf overrides the default
+    rendered = task.render_template(
+        task.partition_by, {"params": {**params, "partition_by": run_conf}}, dag.get_template_env()
+    )
+    assert parse_partition_by(rendered) == parse_partition_by(run_conf)
+    assert (
+        "partition_by"
+        not in ParamsDict(dag_factories.lake_maintenance_dag(staging=STAGING).params).validate()
+    )
+
+
+def test_a_bad_partition_option_fails_in_the_factory() -> None:
+    with pytest.raises(ValueError, match="'weeks' is not an Iceberg partition transform"):
+        dag_factories.cdc_microbatch_dag(
+            staging=STAGING, partition_by={"public.orders": ["weeks(placed_at)"]}
+        )

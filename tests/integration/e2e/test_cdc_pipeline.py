@@ -1,11 +1,12 @@
 """The whole product: snapshot, CDC runs, crashes at the worst moments, and a lake equal to its source.
 
 Real PostgreSQL, real ``airflow dags test`` on the example DAGs, real ``spark-submit`` in local
-mode. The initial snapshot's DAG run is SIGKILLed with its worker during its copy, then during its
-load, and simply run again. The CDC crash is produced by running the pipeline's own steps partway,
-exactly as a killed worker leaves them: a batch applied but not acknowledged. The next run must
-converge, with every change in the changelog once. (A batch applied to some tables only is the
-crash of test_rest_lake.py, the same pipeline on a REST catalog and S3.)
+mode, two lake tables partitioned. The initial snapshot's DAG run is SIGKILLed with its worker
+during its copy, then during its load, and simply run again. The CDC crash is produced by running
+the pipeline's own steps partway, exactly as a killed worker leaves them: a batch applied but not
+acknowledged. The next run must converge, with every change in the changelog once. (A batch
+applied to some tables only is the crash of test_rest_lake.py, the same pipeline on a REST catalog
+and S3.)
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from tests.integration.e2e.e2e_support import (
 )
 
 SLOT = "shop_cdc"
+# Two lake tables partitioned through the DAGs' param (docs/LAKE.md "Partitioned tables").
+PARTITION_BY = {"public.orders": ["days(placed_at)"], "public.order_items": ["bucket(4, order_id)"]}
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
 
@@ -48,7 +51,7 @@ def test_snapshot_batches_and_crashes_end_equal(
     staging = tmp_path / "staging"
     lake, lake_conn = make_lake(tmp_path / "lake")
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
-    conf = pipeline_conf(SLOT, staging)
+    conf = {**pipeline_conf(SLOT, staging), "partition_by": PARTITION_BY}
     kill_the_initial_snapshot_twice(pg_cluster, sandbox, conf, lake, staging)
     sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()  # the user's re-run: no other step
 
@@ -71,6 +74,12 @@ def test_snapshot_batches_and_crashes_end_equal(
     assert all(r.equal for r in results), format_report(results)
     assert {r.table for r in results} == set(TABLES)
     assert_changelog_exactly_once(lake, staging)
+    catalog = open_catalog(lake)
+    for table, fields in {**PARTITION_BY, "public.customers": []}.items():
+        loaded = catalog.load_table(lake.identifier(*table.split(".", 1)))
+        schema = loaded.schema()
+        spec = [f"{f.transform}({schema.find_column_name(f.source_id)})" for f in loaded.spec().fields]
+        assert spec == [f.replace("days", "day").replace("bucket(4, ", "bucket[4](") for f in fields]
     # The last run applied changes to every table: its end is the lake's latest consistent cut.
     conn = connect(dsn)
     acked = describe_slot(conn, SLOT).confirmed_flush_lsn

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_postgres_cdc.errors import PartitionSpecError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import (
@@ -180,3 +181,27 @@ def test_only_a_short_jobs_driver_compiles_with_c1_only_and_the_users_options_wi
     large_call, own_call = submitted
     assert "spark.driver.extraJavaOptions" not in large_call["conf"]  # a long job: the full JIT pays off
     assert own_call["conf"]["spark.driver.extraJavaOptions"] == "-Xss4m"
+
+
+def test_the_partition_option_is_checked_when_parsed_and_against_the_batch_before_submitting(
+    submitted: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    with pytest.raises(PartitionSpecError, match="'weeks' is not an Iceberg partition transform"):
+        PostgresCdcSparkApplyOperator(
+            task_id="apply", manifest="m", lake_conn_id="shop_lake", partition_by={"public.t": ["weeks(id)"]}
+        )
+    path = write_manifest(tmp_path, (TABLE,))
+    refused = PostgresCdcSparkApplyOperator(
+        task_id="apply", manifest=path, lake_conn_id="shop_lake", partition_by='{"public.t": ["days(id)"]}'
+    )
+    with pytest.raises(PartitionSpecError, match="days takes date and timestamp columns"):
+        refused.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
+    assert submitted == []  # nothing was submitted, so nothing committed
+    taken = PostgresCdcSparkApplyOperator(
+        task_id="apply", manifest=path, lake_conn_id="shop_lake",
+        partition_by={"public.t": ["bucket(8, id)"], "public.other": ["days(at)"]},
+    )  # fmt: skip
+    taken.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
+    (call,) = submitted
+    option = call["args"][call["args"].index("--partition-by") + 1]
+    assert json.loads(option) == {"public.t": ["bucket(8, id)"], "public.other": ["days(at)"]}
