@@ -1,7 +1,9 @@
-"""What a batch costs the Iceberg apply job as the table grows: merge-on-read against copy-on-write.
+"""What a batch costs the Iceberg apply job as the table grows: merge-on-read against copy-on-write,
+and a partitioned table against an unpartitioned one.
 
     make lake-jars && POSTGRES_CDC_SPARK_JARS=... .venv/bin/python benchmarks/apply.py \
-        [--sizes 1000000,5000000] [--changes 10000] [--repeat 2] [--workdir DIR]
+        [--sizes 1000000,5000000] [--changes 10000] [--repeat 2] [--workdir DIR] \
+        [--partition-by '["bucket(16, id)"]']
 
 For each table size it snapshot-loads one Iceberg table per write mode (format v2, unpartitioned,
 unsorted: docs/LAKE.md says why), in a local SQLite-catalog lake. Then it applies, to each freshly
@@ -12,9 +14,11 @@ loaded table, two staged batches of single-change transactions:
 
 Each apply is timed ``--repeat`` times, interleaved across sizes and modes (noise then hits all
 of them alike), rolling the table back to its load snapshot in between (Iceberg's
-``rollback_to_snapshot``); the fastest counts. The job runs in-process (``apply_manifest``) on
-``local[2]``; spark-submit's ~25 s start-up is the same for every mode and is left out. The
-baseline of the ratio is the same batch on the 1M table, measured in the same run.
+``rollback_to_snapshot``); the fastest counts. ``--partition-by`` adds a third, merge-on-read
+table under that partition spec (the apply operator's ``partition_by`` for it), and prints its
+cost against the unpartitioned merge-on-read table of the same size. The job runs in-process
+(``apply_manifest``) on ``local[2]``; spark-submit's ~25 s start-up is the same for every mode and
+is left out. The baseline of the ratio is the same batch on the 1M table, measured in the same run.
 """
 
 from __future__ import annotations
@@ -172,9 +176,12 @@ def stage_batch(staging: Path, rows: int, shape: str, changes: int, start: int, 
     )
 
 
-def timed_apply(spark: SparkSession, manifest: str, lake: LakeConfig, mode: str) -> float:
+def timed_apply(
+    spark: SparkSession, manifest: str, lake: LakeConfig, mode: str, partition: str | None = None
+) -> float:
     started = time.perf_counter()
-    job.apply_manifest(spark, manifest, lake, write_mode=mode)
+    option = json.dumps({"public.bench": json.loads(partition)}) if partition else None
+    job.apply_manifest(spark, manifest, lake, write_mode=mode, partition_by=option)
     return time.perf_counter() - started
 
 
@@ -197,6 +204,11 @@ def current_snapshot(spark: SparkSession, lake: LakeConfig) -> int:
     return int(tables.java_table(lake.identifier("public", "bench")).currentSnapshot().snapshotId())
 
 
+def _layout(label: str, partition_by: str | None) -> tuple[str, str | None]:
+    """(write mode, partition fields JSON) of a table layout the benchmark compares."""
+    return ("merge-on-read", partition_by) if label == "partitioned" else (label, None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="1000000,5000000")
@@ -205,13 +217,18 @@ def main() -> int:
         "--repeat", type=int, default=2, help="applies per batch and table; the fastest counts"
     )
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument(
+        "--partition-by", default=None, help="JSON list of partition fields, e.g. '[\"bucket(16, id)\"]'"
+    )
     args = parser.parse_args()
     spark = local_session("postgres-cdc-apply-bench")
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pgl-apply-bench-"))
     sizes = [int(s) for s in args.sizes.split(",")]
-    modes = ("merge-on-read", "copy-on-write")
+    modes = ("merge-on-read", "copy-on-write") + (("partitioned",) if args.partition_by else ())
     print(f"apply benchmark (Iceberg): local[2], {args.changes} changes per batch, fastest of {args.repeat}")
+    if args.partition_by:
+        print(f"partitioned: merge-on-read, partition_by {args.partition_by}")
     print(f"{'table rows':>11} {'batch':>7} {'write mode':>14} {'seconds':>8}")
     try:
         warm = new_lake(spark, work / "lake-warmup", "warm")  # JIT and first-job costs, not timed
@@ -229,7 +246,7 @@ def main() -> int:
             )
             for mode in modes:
                 lake = new_lake(spark, work / f"lake-{rows}-{mode}", f"b{rows}_{mode.replace('-', '_')}")
-                seconds = timed_apply(spark, snapshot, lake, mode)
+                seconds = timed_apply(spark, snapshot, lake, *_layout(mode, args.partition_by))
                 lakes[rows, mode] = (lake, current_snapshot(spark, lake))
                 print(f"{rows:>11} {'load':>7} {mode:>14} {seconds:>8.1f}", flush=True)
         for shape, manifests in batches.items():
@@ -238,14 +255,18 @@ def main() -> int:
                 for rows in sizes:
                     for mode in modes:
                         lake, loaded = lakes[rows, mode]
-                        seconds = timed_apply(spark, manifests[rows], lake, mode)
+                        seconds = timed_apply(spark, manifests[rows], lake, *_layout(mode, args.partition_by))
                         roll_back(spark, lake, loaded)
                         best[rows, mode] = min(seconds, best.get((rows, mode), seconds))
             for (rows, mode), seconds in best.items():
                 print(f"{rows:>11} {shape:>7} {mode:>14} {seconds:>8.1f}", flush=True)
+            if args.partition_by:
+                for rows in sizes:
+                    ratio = best[rows, "partitioned"] / best[rows, "merge-on-read"]
+                    print(f"{shape} batch, {rows} rows: partitioned / unpartitioned = {ratio:.2f}x")
             if shape == "oltp" and len(sizes) >= 2:
                 small, large = min(sizes), max(sizes)
-                for mode in modes:
+                for mode in modes[:2]:
                     ratio = best[large, mode] / best[small, mode]
                     verdict = "ok" if ratio < 1.5 else "TOO SLOW"
                     print(
