@@ -120,6 +120,11 @@ class PartitionSpecError(PostgresCdcError, ValueError):
     """A ``partition_by`` option names an unknown transform, an unpublished column or one it cannot take."""
 
 
+class DeletesOptionError(PostgresCdcError, ValueError):
+    """A ``deletes`` option is malformed, asks soft deletes of a keyless table, or would switch a
+    table's mode in a batch (only a re-snapshot may)."""
+
+
 class LakeNameError(PostgresCdcError):
     """A published table has no lake name its lake can hold (too long, or shared with another table)."""
 

@@ -112,6 +112,15 @@ class TableManifest:
     def qualified(self) -> str:
         return f"{self.schema}.{self.table}"
 
+    @property
+    def counts_rows(self) -> bool:
+        """Whether the table is a multiset (no key, or REPLICA IDENTITY FULL): the rows themselves count.
+
+        A FULL table with a primary key is one too: the stream carries no key for it, and its
+        multiset simply never holds a duplicate.
+        """
+        return self.replica_identity in ("f", "n") or not self.key_columns
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": self.schema,

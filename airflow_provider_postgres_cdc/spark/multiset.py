@@ -58,15 +58,6 @@ class MultisetEffect:
     truncated: bool
 
 
-def counts_rows(spec: TableManifest) -> bool:
-    """Whether the table is a multiset (no key, or REPLICA IDENTITY FULL): the rows themselves count.
-
-    A FULL table with a primary key is one too: the stream carries no key for it, and its
-    multiset simply never holds a duplicate.
-    """
-    return spec.replica_identity in ("f", "n") or not spec.key_columns
-
-
 def live_columns(columns: Sequence[StructField], spec: TableManifest) -> list[StructField]:
     """The batch's columns a multiset compares rows by: those its newest relation version still has.
 
