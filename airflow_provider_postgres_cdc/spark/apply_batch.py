@@ -3,7 +3,7 @@
     spark-submit --py-files postgres_cdc_job.zip --conf spark.sql.catalog.lake=... apply_batch.py \
         --manifest <staging>/<slot>/<batch id>/_manifest.json --catalog lake [--namespace-prefix P] \
         [--tables public.orders,public.items] [--write-mode merge-on-read|copy-on-write] \
-        [--partition-by '{"public.orders": ["days(placed_at)"]}']
+        [--partition-by '{"public.orders": ["days(placed_at)"]}'] [--deletes soft|'{"public.orders": "soft"}']
 
 The catalog itself is configured the Spark way (``spark.sql.catalog.<name>.*``; the apply operator
 passes them from its lake connection). Per table, one Iceberg commit applies the batch and records
@@ -27,14 +27,17 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StructType
 
 from airflow_provider_postgres_cdc.errors import ApplyError, SchemaConflictError
+from airflow_provider_postgres_cdc.formats import deletes as deletes_option
 from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats.deletes import DeleteMode, DeletesOption, mode_for, recorded_mode
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling
@@ -47,22 +50,22 @@ from airflow_provider_postgres_cdc.formats.schema_changes import SourceColumn, e
 from airflow_provider_postgres_cdc.formats.window import Window, changelog_window, table_window
 from airflow_provider_postgres_cdc.spark import TABLE_PARALLELISM, multiset
 from airflow_provider_postgres_cdc.spark.changes import (
+    BATCH_ID,
     COMMIT_LSN,
-    EVENT_KIND,
     ROW_KEY,
     UNFILLED,
-    UPSERT,
     NetEffect,
     batch_facts,
     column,
-    key_struct,
-    materialize,
     net_effect,
+    table_columns,
 )
 from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, temp_view
 from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
 from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds, merge_sql, row_key_range
+from airflow_provider_postgres_cdc.spark.replay import replay_changelog
 from airflow_provider_postgres_cdc.spark.schema_evolution import plan_schema_changes, resnapshot_needed
+from airflow_provider_postgres_cdc.spark.soft_deletes import reloaded, unmarked
 from airflow_provider_postgres_cdc.spark.staged import (
     base_dir,
     declared_schema,
@@ -75,8 +78,6 @@ from airflow_provider_postgres_cdc.spark.table_runs import interpreted_if_small,
 
 log = logging.getLogger("postgres_cdc.apply")
 
-BATCH_ID_COLUMN = "_pgl_batch_id"
-
 
 @dataclass
 class TableResult:
@@ -87,10 +88,6 @@ class TableResult:
     changes: int = 0
     rows: int = 0  # loads only: a merge-on-read table's summary does not net out its deletes
     seconds: float = 0.0
-
-
-def _table_columns(df: DataFrame) -> list[StructField]:
-    return [StructField(f.name, f.dataType, True) for f in df.schema.fields if not f.name.startswith("_pgl_")]
 
 
 def conform(df: DataFrame, schema: StructType) -> DataFrame:
@@ -124,12 +121,19 @@ class ApplyJob:
         manifest: Manifest,
         manifest_path: str,
         partitions: PartitionSpecs | None = None,
+        deletes: DeletesOption = None,
     ) -> None:
         self.spark = spark
         self.tables = tables
         self.manifest = manifest
         self.base_dir = base_dir(manifest_path)
         self.partitions = partitions or {}  # a table it does not name keeps its spec
+        self.deletes = deletes
+
+    def _deletes(self, spec: TableManifest, table: Any) -> DeleteMode:
+        """The table's delete mode: the option's, or (not named) the one the table was loaded with."""
+        asked = mode_for(self.deletes, spec.qualified)
+        return asked or (recorded_mode(table.properties()) if table is not None else "hard")
 
     def summary(
         self,
@@ -186,27 +190,33 @@ class ApplyJob:
         rows = self._staged(spec)
         if rows is None:
             rows = self.spark.createDataFrame([], declared_schema(spec))
+        mode, keys = self._deletes(spec, table), key_columns(spec, [c.name for c in table_columns(rows)])
+        if mode == "soft":  # the lake's rows the snapshot lacks stay, marked deleted
+            lake_rows = None if table is None else self.spark.table(self.tables.name(identifier))
+            at = datetime.fromisoformat(self.manifest.created_at.replace("Z", "+00:00"))
+            rows = unmarked(rows) if lake_rows is None else reloaded(rows, lake_rows, keys, int(point), at)
         replayed, applied_end = 0, point
         source_columns: str | None = encode_columns(
             [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns if not is_sibling(c.name)]
         )
         if previous is not None and previous.applied_end_lsn > point:
-            rows, replayed = self._catch_up(spec, rows, previous.applied_end_lsn)
+            window = (point, previous.applied_end_lsn)
+            rows, replayed = replay_changelog(self.tables, spec, rows, window, mode == "soft")
             applied_end, source_columns = previous.applied_end_lsn, previous.source_columns
         # A load's rows are in Iceberg's own summary (added-records, deleted-records).
         summary = self.summary(point, applied_end, source_columns, started=begun)
-        keys = key_columns(spec, [c.name for c in _table_columns(rows)])
         rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
         partition = self.partitions.get(spec.qualified)
         if table is None:
-            self.tables.create(identifier, rows, summary, self.manifest.slot, partition)
+            self.tables.create(identifier, rows, summary, self.manifest.slot, partition, mode)
         else:
             retired = f"__pgl_before_{int(point):016X}"
-            retyped = self.tables.replace_column_types(identifier, _table_columns(rows), retired)
+            retyped = self.tables.replace_column_types(identifier, table_columns(rows), retired)
             changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
             self.tables.retire_changelog_columns(changelog, retyped, retired)
-            self.tables.evolve(identifier, _table_columns(rows))
+            self.tables.evolve(identifier, table_columns(rows))
             self.tables.conform_spec(identifier, partition)
+            self.tables.conform_deletes(identifier, mode)
             current = table.currentSnapshot()  # as read above: a commit since then makes this one fail
             read_snapshot = int(current.snapshotId()) if current is not None else None
             self.tables.overwrite(
@@ -215,38 +225,6 @@ class ApplyJob:
         loaded = self.tables.java_table(identifier)
         # "changes": the logged changes replayed on top of the snapshot (0 unless batches were ahead).
         return TableResult(spec.qualified, "loaded", replayed, _rows(loaded), time.monotonic() - started)
-
-    def _catch_up(self, spec: TableManifest, rows: DataFrame, until: Lsn) -> tuple[DataFrame, int]:
-        """The snapshot's rows with the changelog's changes in [consistent point, ``until``) applied.
-
-        Every change the table received at or above its base LSN is in its changelog once;
-        changes at or above the applied end belong to batches not applied yet.
-        """
-        changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
-        if self.tables.java_table(changelog) is None:
-            return rows, 0
-        point = self.manifest.end_lsn
-        logged = self.spark.table(self.tables.name(changelog))
-        changes = logged.where((sf.col(COMMIT_LSN) >= int(point)) & (sf.col(COMMIT_LSN) < int(until)))
-        changes = materialize(changes.drop(BATCH_ID_COLUMN))
-        columns = _table_columns(changes)
-        counted = multiset.counts_rows(spec)
-        keys = [] if counted else key_columns(spec, [c.name for c in columns])
-        facts = batch_facts(changes)
-        log.info(
-            "%s: snapshot %s is older than the applied end %s: replaying %d logged change(s)",
-            spec.qualified, self.manifest.batch_id, until, facts.changes,
-        )  # fmt: skip
-        if not facts.changes:
-            return rows, 0
-        if counted:
-            replayed = multiset.replay(rows, changes, columns, spec.qualified, facts.truncate)
-            return materialize(replayed), facts.changes
-        net = net_effect(changes, columns, keys, rows, facts)
-        kept = rows.limit(0) if net.truncated else rows
-        kept = kept.join(net.rows.select(ROW_KEY), key_struct(keys) == sf.col(ROW_KEY), "left_anti")
-        upserts = net.rows.where(sf.col(EVENT_KIND) == UPSERT).drop(EVENT_KIND, ROW_KEY)
-        return materialize(kept.unionByName(upserts, allowMissingColumns=True)), facts.changes
 
     # --------------------------------------------------------------------------------- batch
 
@@ -272,6 +250,9 @@ class ApplyJob:
         window = table_window(end, state)
         if window.empty:
             return TableResult(spec.qualified, "skipped")
+        mode = self._deletes(spec, table)
+        if table is not None and mode != recorded_mode(table.properties()):  # only a load may switch
+            raise deletes_option.changed_mode_error(spec.qualified, recorded_mode(table.properties()), mode)
         base = state.base_lsn if state is not None else ZERO
         steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, window.start)
         staged, partition = self._live_changes(spec, window.start), self.partitions.get(spec.qualified)
@@ -285,8 +266,8 @@ class ApplyJob:
         # Read again by each step (the files are the batch's): cheaper than caching a copy.
         candidates = _within(staged, Window(min(window.start, logging_window.start), end))
         changes = _within(candidates, window)
-        columns = _table_columns(changes)
-        counted = multiset.counts_rows(spec)  # no key: a count per distinct row (spark/multiset.py)
+        columns = table_columns(changes)
+        counted = spec.counts_rows  # no key: a count per distinct row (spark/multiset.py)
         keys = [] if counted else key_columns(spec, [c.name for c in columns])
         facts = batch_facts(changes, keys[0] if keys else None)
         if table is None:
@@ -294,8 +275,9 @@ class ApplyJob:
                 "table %s has no snapshot load in the lake: creating it empty from this batch", spec.qualified
             )
             empty = self.spark.createDataFrame([], StructType(columns))
+            empty = unmarked(empty) if mode == "soft" else empty
             created = self.summary(ZERO, ZERO, started=begun)
-            self.tables.create(identifier, empty, created, self.manifest.slot, partition)
+            self.tables.create(identifier, empty, created, self.manifest.slot, partition, mode)
             table = self.tables.java_table(identifier)
         read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
         lake_columns = self.tables.schema(identifier).fieldNames()
@@ -321,10 +303,13 @@ class ApplyJob:
             net = net_effect(changes, columns, keys, self.spark.table(target), facts)
             self._refuse_unfilled(spec, net)
             bounds = None if net.truncated else key_bounds(facts.key_range, schema[keys[0]].dataType)
-            sql = merge_sql(target, temp_view(net.rows), schema, columns, keys, net.truncated, bounds)
+            view, soft = temp_view(net.rows), mode == "soft"
+            sql = merge_sql(
+                target, view, schema, columns, keys, net.truncated, bounds, soft, facts.truncate_mark
+            )
         summary = self.summary(base, end, steps.source_columns, started=begun, counts=facts.counts)
         if sql is not None:
-            self.tables.sql_commit(sql, summary)
+            self.tables.merge(sql, summary)
         if read_snapshot is not None:
             self.tables.publish_branch(identifier)
         merged = self.tables.java_table(identifier)
@@ -377,7 +362,7 @@ class ApplyJob:
         if window.empty:
             return
         m = self.manifest
-        rows = _within(candidates, window).withColumn(BATCH_ID_COLUMN, sf.lit(m.batch_id))
+        rows = _within(candidates, window).withColumn(BATCH_ID, sf.lit(m.batch_id))
         summary = self.summary(ZERO, m.end_lsn, started=time.time(), logged_from=window.start)
         self.tables.append(self.tables.config.changelog_identifier(spec.schema, spec.table), rows, summary)
 
@@ -444,19 +429,21 @@ def apply_manifest(
     write_mode: str = "merge-on-read",
     parallelism: int = TABLE_PARALLELISM,
     partition_by: str | None = None,
+    deletes: str | None = None,
 ) -> list[TableResult]:
     """Apply a snapshot or batch manifest to the lake; the Python entry point of the job.
 
     ``tables`` (``schema.table`` names) restricts the run to some tables of the manifest; the cut
-    is tagged only once every table of the manifest holds the batch. ``partition_by``: the
-    option's JSON text (``formats/partitioning.py``).
+    is tagged only once every table of the manifest holds the batch. ``partition_by`` and
+    ``deletes``: the options as text (``formats/partitioning.py``, ``formats/deletes.py``).
     """
-    partitions = parse_partition_by(partition_by)
+    partitions, soft = parse_partition_by(partition_by), deletes_option.parse_deletes(deletes)
     spark.conf.set("spark.sql.caseSensitive", "true")  # PostgreSQL names "ID" and "id" differ
     lake_tables = IcebergTables(spark, config, write_mode)
     manifest = load_manifest(spark, manifest_path)
     config.check_names((s.schema, s.table) for s in manifest.tables)  # before any table is touched
     check_manifest(manifest, partitions)
+    deletes_option.check_manifest(manifest, soft)
     specs = list(manifest.tables)
     if tables:
         wanted = set(tables)
@@ -465,14 +452,13 @@ def apply_manifest(
             raise ApplyError(f"--tables names {sorted(unknown)} not in manifest {manifest_path}")
         specs = [s for s in specs if s.qualified in wanted]
     with interpreted_if_small(spark, manifest):
-        return ApplyJob(spark, lake_tables, manifest, manifest_path, partitions).run(specs, parallelism)
+        return ApplyJob(spark, lake_tables, manifest, manifest_path, partitions, soft).run(specs, parallelism)
 
 
 def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
-    results = apply_manifest(
-        spark, args.manifest, config, tables, args.write_mode, args.table_parallelism, args.partition_by
-    )
+    options = (args.write_mode, args.table_parallelism, args.partition_by, args.deletes)
+    results = apply_manifest(spark, args.manifest, config, tables, *options)
     return [{"manifest": args.manifest, "tables": [asdict(r) for r in results]}]
 
 
@@ -490,6 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--partition-by", default="", help='JSON: {"schema.table": ["days(col)", ...]} (docs/LAKE.md)'
     )
+    parser.add_argument("--deletes", default="", help='soft, hard, or JSON: {"schema.table": "soft"}')
     return run_job(parser, _run, argv)
 
 

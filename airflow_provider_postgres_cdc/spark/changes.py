@@ -19,6 +19,8 @@ from pyspark.sql.types import StructField
 # Staged metadata columns (FORMATS.md); table columns never start with the reserved ``_pgl_``.
 OP = "_pgl_op"
 COMMIT_LSN = "_pgl_commit_lsn"
+COMMIT_TIME = "_pgl_commit_time"
+BATCH_ID = "_pgl_batch_id"  # the changelog's: the batch that logged the change
 SEQ = "_pgl_seq"
 OLD = "_pgl_old"
 UNCHANGED = "_pgl_unchanged"
@@ -42,8 +44,9 @@ class NetEffect:
     """What a table's batch leaves behind: one row per touched key, and whether it starts empty.
 
     ``rows`` has the table columns plus ``EVENT_KIND`` (``U``: the row now holds these values;
-    ``D``: no row under this key) and ``ROW_KEY``; ``truncated`` means a TRUNCATE came before
-    those events, so every other row of the table is gone too. ``unfilled`` holds the upserts
+    ``D``: no row under this key), ``ROW_KEY``, and the event's ``COMMIT_LSN`` and ``COMMIT_TIME``;
+    ``truncated`` means a TRUNCATE came before those events, so every other row of the table is
+    gone too. ``unfilled`` holds the upserts
     (``ROW_KEY``, ``UNFILLED``) that keep an unchanged TOAST column no earlier change and no target
     row can supply: an UPDATE a row filter turned into an INSERT sends untouched out-of-line values
     as unchanged, and the row was never in the lake. Applying them would store NULL there.
@@ -52,6 +55,11 @@ class NetEffect:
     rows: DataFrame
     truncated: bool
     unfilled: DataFrame | None = None
+
+
+def table_columns(df: DataFrame) -> list[StructField]:
+    """``df``'s table columns (nullable, as the lake holds them): all but the reserved ``_pgl_*``."""
+    return [StructField(f.name, f.dataType, True) for f in df.schema.fields if not f.name.startswith("_pgl_")]
 
 
 def column(name: str) -> Column:
@@ -90,8 +98,9 @@ def order_after(commit: int, seq: int) -> Column:
 
 
 def _last_truncate() -> Column:
-    """(commit LSN, seq) of the last TRUNCATE, as an aggregate (null without one)."""
-    return sf.max(sf.when(sf.col(OP) == "T", sf.struct(sf.col(COMMIT_LSN), sf.col(SEQ))))
+    """(commit LSN, seq, commit time in µs) of the last TRUNCATE, as an aggregate (null without one)."""
+    moment = sf.unix_micros(sf.col(COMMIT_TIME))
+    return sf.max(sf.when(sf.col(OP) == "T", sf.struct(sf.col(COMMIT_LSN), sf.col(SEQ), moment)))
 
 
 def _position(value: Any) -> tuple[int, int] | None:
@@ -107,16 +116,25 @@ class BatchFacts:
     unchanged values come before the last TRUNCATE (looking it up then finds nothing to fill).
     ``key_range`` is the lowest and highest first-key value of every key the changes touch (new
     keys of inserts and updates, old keys of deletes and key changes), None when one is null.
+    ``truncate_micros`` is the last TRUNCATE's commit time, in microseconds since the epoch.
     """
 
     counts: dict[str, int]
     truncate: tuple[int, int] | None
     unchanged: frozenset[str]
     key_range: tuple[Any, Any] | None
+    truncate_micros: int | None = None
 
     @property
     def changes(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def truncate_mark(self) -> tuple[int, int] | None:
+        """(commit LSN, commit time in µs) of the last TRUNCATE: where a soft-deletes table marks it."""
+        if self.truncate is None or self.truncate_micros is None:
+            return None
+        return self.truncate[0], self.truncate_micros
 
 
 OPS = ("I", "U", "D", "T")
@@ -153,6 +171,7 @@ def batch_facts(changes: DataFrame, first_key: str | None = None) -> BatchFacts:
         truncate=_position(row["truncate"]),
         unchanged=frozenset(row["unchanged"] or ()),
         key_range=key_range,
+        truncate_micros=None if row["truncate"] is None else int(row["truncate"][2]),
     )
 
 
@@ -170,7 +189,7 @@ def build_events(changes: DataFrame, columns: Sequence[StructField], keys: Seque
     new_key, old_key = key_struct(keys), key_struct(keys, OLD)
     has_old = sf.col(OLD).isNotNull()
     nulls = [sf.lit(None).cast(c.dataType).alias(c.name) for c in columns]
-    meta = [sf.col(COMMIT_LSN), sf.col(SEQ), sf.col(UNCHANGED)]
+    meta = [sf.col(COMMIT_LSN), sf.col(COMMIT_TIME), sf.col(SEQ), sf.col(UNCHANGED)]
     upserts = changes.where(sf.col(OP).isin("I", "U")).select(
         *meta,
         sf.lit(1).alias(SUB),
@@ -298,11 +317,12 @@ def net_effect(
     live = changes if truncate is None else changes.where(order_after(*truncate))
     events = build_events(live, columns, keys)
     filled = sorted(facts.unchanged & {c.name for c in columns})
+    kept = (EVENT_KIND, ROW_KEY, COMMIT_LSN, COMMIT_TIME)
     if not filled:
-        rows = final_rows(events).select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
+        rows = final_rows(events).select(*kept, *[column(c.name) for c in columns])
         return NetEffect(rows, truncate is not None)
     lookup = target.limit(0) if truncate is not None else target
     final = materialize(final_rows(fill_unchanged(events, lookup, keys, filled)))
-    rows = final.select(EVENT_KIND, ROW_KEY, *[column(c.name) for c in columns])
+    rows = final.select(*kept, *[column(c.name) for c in columns])
     unfilled = final.where((sf.col(EVENT_KIND) == UPSERT) & (sf.size(UNFILLED) > 0)).select(ROW_KEY, UNFILLED)
     return NetEffect(rows, truncate is not None, unfilled)

@@ -34,12 +34,14 @@ from pyspark.sql.types import (
 
 from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats import lake, lake_index
+from airflow_provider_postgres_cdc.formats.deletes import DELETES_PROPERTY, DeleteMode
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.partitioning import PARTITION_PROPERTY, PartitionField, spec_text
 from airflow_provider_postgres_cdc.spark.changes import OLD
 from airflow_provider_postgres_cdc.spark.lake_failures import root_cause
 from airflow_provider_postgres_cdc.spark.partitioning import conform_spec, drop_columns, partition_clause
+from airflow_provider_postgres_cdc.spark.soft_deletes import conform_mode
 
 log = logging.getLogger("postgres_cdc.apply")
 
@@ -303,11 +305,13 @@ class IcebergTables:
         summary: Mapping[str, str],
         slot: str,
         partition: Sequence[PartitionField] | None = None,
+        deletes: DeleteMode = "hard",
     ) -> None:
         """Create the table with its first rows in one commit (an atomic CREATE TABLE AS SELECT),
-        under the partition spec ``partition`` names (``spark/partitioning.py``; None: unpartitioned)."""
+        under the partition spec ``partition`` names (``spark/partitioning.py``; None: unpartitioned)
+        and recording its delete mode (``spark/soft_deletes.py``)."""
         self.ensure_namespace(identifier[0])
-        properties = self.table_properties(slot)
+        properties = {**self.table_properties(slot), DELETES_PROPERTY: deletes}
         if partition is not None:
             properties[PARTITION_PROPERTY] = spec_text(partition)
         if partition:  # Spark's DataFrame writer has no truncate transform: SQL has them all
@@ -379,6 +383,14 @@ class IcebergTables:
         columns (``spark/partitioning.py``); None: the table keeps its spec."""
         if partition is not None:
             conform_spec(self._jvm, self.java_table(identifier), partition)
+
+    def conform_deletes(self, identifier: tuple[str, str], mode: DeleteMode) -> None:
+        """Switch a table a load rewrites to ``mode`` (``spark/soft_deletes.py``)."""
+        conform_mode(self._jvm, self.java_table(identifier), mode)
+
+    def merge(self, sql: str, summary: Mapping[str, str]) -> None:
+        """Run a batch's ``MERGE INTO``, its commit carrying ``summary`` (:meth:`sql_commit`)."""
+        self.sql_commit(sql, summary)
 
     def sql_commit(self, sql: str, summary: Mapping[str, str]) -> None:
         """Run a statement (``MERGE INTO``, ``CREATE TABLE AS SELECT``) whose commit carries

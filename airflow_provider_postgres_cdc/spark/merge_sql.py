@@ -24,7 +24,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from airflow_provider_postgres_cdc.spark.changes import EVENT_KIND, ROW_KEY, UPSERT
+from airflow_provider_postgres_cdc.formats.deletes import DELETED_AT, DELETED_LSN
+from airflow_provider_postgres_cdc.spark.changes import COMMIT_LSN, COMMIT_TIME, EVENT_KIND, ROW_KEY, UPSERT
 from airflow_provider_postgres_cdc.spark.iceberg import quote
 
 _EXACT = (ByteType, ShortType, IntegerType, LongType, DecimalType, StringType, DateType)
@@ -67,10 +68,15 @@ def merge_sql(
     keys: Sequence[str],
     truncated: bool,
     bounds: tuple[str, str] | None = None,
+    soft: bool = False,
+    truncate_mark: tuple[int, int] | None = None,
 ) -> str:
     """One ``MERGE INTO`` of a batch's net effect: delete, update, insert, and for a TRUNCATE the rest.
 
     Columns the batch does not carry (dropped at the source) are written as null in its rows.
+    ``soft`` (a soft-deletes table, ``spark/soft_deletes.py``) marks deleted rows instead, with
+    ``truncate_mark`` (the TRUNCATE's commit LSN and time in µs) when ``truncated``; the marks are
+    columns the batch does not carry, so an upsert clears them.
     ``bounds`` (the batch's first-key range) restrict the target rows the MERGE reads: no row
     outside it can match, and with key-ordered files Iceberg skips every file outside it, so an
     OLTP batch (recent keys) reads a few files however large the table is.
@@ -87,10 +93,19 @@ def merge_sql(
     names = ", ".join(quote(f.name) for f in schema.fields)
     values = ", ".join(value(f.name) for f in schema.fields)
     kind = f"s.{EVENT_KIND}"
+    at, lsn = quote(DELETED_AT), quote(DELETED_LSN)
+    delete = f"UPDATE SET t.{at} = s.{COMMIT_TIME}, t.{lsn} = s.{COMMIT_LSN}" if soft else "DELETE"
     statement = (
         f"MERGE INTO {target} t USING {source} s ON {on} "
-        f"WHEN MATCHED AND {kind} = 'D' THEN DELETE "
+        f"WHEN MATCHED AND {kind} = 'D' THEN {delete} "
         f"WHEN MATCHED THEN UPDATE SET {sets} "
         f"WHEN NOT MATCHED AND {kind} = '{UPSERT}' THEN INSERT ({names}) VALUES ({values})"
     )
-    return statement + (" WHEN NOT MATCHED BY SOURCE THEN DELETE" if truncated else "")
+    if not truncated:
+        return statement
+    if soft:  # every row the TRUNCATE found and no later change touched
+        if truncate_mark is None:
+            raise ValueError("a soft-deletes MERGE of a TRUNCATE needs the TRUNCATE's commit LSN and time")
+        mark = f"t.{at} = timestamp_micros({int(truncate_mark[1])}), t.{lsn} = {int(truncate_mark[0])}"
+        return statement + f" WHEN NOT MATCHED BY SOURCE AND t.{lsn} IS NULL THEN UPDATE SET {mark}"
+    return statement + " WHEN NOT MATCHED BY SOURCE THEN DELETE"
