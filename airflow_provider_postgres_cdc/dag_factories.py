@@ -19,8 +19,9 @@ from each run's conf. The other keyword arguments are fixed when the DAG is pars
 Airflow pool shared by every task writing the lake: apply, load, maintenance), ``spark_conf``, and
 any further keyword, passed to ``DAG`` as is (``tags``, ``default_args``, ``start_date``...).
 ``partition_by`` (``{"public.orders": ["days(placed_at)"]}``: the Iceberg partition spec of lake
-tables, docs/LAKE.md) is the default of a param of every DAG that creates lake tables; give the
-DAGs of one pipeline the same. Give
+tables) and ``deletes`` (``"soft"``, or ``{"public.orders": "soft"}``: deleted rows kept, marked)
+are the defaults of params of every DAG that writes lake tables (docs/LAKE.md); give the DAGs of
+one pipeline the same. Give
 the DAGs of a second pipeline their own ``dag_id`` s.
 
 Every DAG runs with ``max_active_runs=1``: a slot has one consumer at a time.
@@ -37,6 +38,7 @@ from airflow.sdk import DAG, Param
 
 from airflow_provider_postgres_cdc.engine.choices import CopyEngine, SlotMode, Transport
 from airflow_provider_postgres_cdc.errors import BACKFILL_DAG, INITIAL_SNAPSHOT_DAG, RECOVERY_DAG
+from airflow_provider_postgres_cdc.formats.deletes import parse_deletes
 from airflow_provider_postgres_cdc.formats.partitioning import parse_partition_by
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
@@ -54,6 +56,7 @@ from airflow_provider_postgres_cdc.task_groups import (
 
 MICROBATCH_DAG = "postgres_cdc_microbatch"
 _CATCH_UP = "how long runs may chain on a backlog, in seconds"
+_DELETES = '"soft" keeps deleted rows in lake tables, marked; "hard" or {"public.orders": "soft"}'
 _PARTITION_BY = 'Iceberg partition specs of lake tables: {"public.orders": ["days(placed_at)"]}'
 LAKE_MAINTENANCE_DAG = "postgres_cdc_lake_maintenance"
 _START = datetime(2026, 1, 1)
@@ -74,6 +77,7 @@ def initial_snapshot_dag(
     pool: str | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
+    deletes: Mapping[str, str] | str | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Initial load: create the slot with an exported snapshot, copy the published tables, load them.
@@ -110,6 +114,7 @@ def backfill_tables_dag(
     pool: str | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
+    deletes: Mapping[str, str] | str | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Re-snapshot tables of a running pipeline, optionally adding them to its publication first.
@@ -155,6 +160,7 @@ def recover_slot_dag(
     pool: str | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
+    deletes: Mapping[str, str] | str | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Recover a pipeline whose slot is lost (``wal_status = lost``) or was dropped.
@@ -189,6 +195,7 @@ def cdc_microbatch_dag(
     pool: str | None = None,
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
+    deletes: Mapping[str, str] | str | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Scheduled micro-batch CDC: wait for lag, drain a slot, apply the batch with Spark, advance the slot.
@@ -220,7 +227,7 @@ def cdc_microbatch_dag(
             "max_messages": Param(max_messages, type="integer", minimum=1),
             "min_lag_bytes": Param(min_lag_bytes, type="integer", minimum=0),
             **catch_up,
-            **partition_param(partition_by),
+            **table_params(partition_by, deletes),
         },
         {"default_args": {"retries": 2, "retry_delay": timedelta(minutes=1)}, "tags": [*_TAGS, "cdc"]},
     )
@@ -233,7 +240,7 @@ def cdc_microbatch_dag(
             catch_up_seconds=None if catch_up_seconds is None else "{{ params.catch_up_seconds }}",
             spark_conf=spark_conf,
             pool=pool,
-            partition_by=PARTITION_BY_TEMPLATE,
+            **TABLE_OPTIONS,
         )
     return dag
 
@@ -331,7 +338,7 @@ def _snapshot_dag(
         dag_id,
         None,
         arguments,
-        {**params, **partition_param(arguments["partition_by"])},
+        {**params, **table_params(arguments["partition_by"], arguments["deletes"])},
         {"render_template_as_native_obj": True, "tags": [*_TAGS, "cdc", "snapshot", *purpose]},
     )
     with dag:
@@ -341,19 +348,30 @@ def _snapshot_dag(
             copy_engine=arguments["copy_engine"],
             spark_conf=arguments["spark_conf"],
             pool=arguments["pool"],
-            partition_by=PARTITION_BY_TEMPLATE,
+            **TABLE_OPTIONS,
             **group,
         )
     return dag
 
 
-PARTITION_BY_TEMPLATE = "{{ params.partition_by | tojson }}"
+# The task groups' per-table options, from the params of the DAGs that write lake tables.
+TABLE_OPTIONS: dict[str, Any] = {
+    "partition_by": "{{ params.partition_by | tojson }}",
+    "deletes": "{{ params.deletes | tojson }}",
+}
 
 
-def partition_param(partition_by: Mapping[str, Sequence[str]] | None) -> dict[str, Param]:
-    """The ``partition_by`` param of the DAGs that write lake tables, checked when the DAG is parsed."""
+def table_params(
+    partition_by: Mapping[str, Sequence[str]] | None, deletes: Mapping[str, str] | str | None
+) -> dict[str, Param]:
+    """The ``partition_by`` and ``deletes`` params of the DAGs that write lake tables, checked when
+    the DAG is parsed."""
     parse_partition_by(dict(partition_by or {}))
-    return {"partition_by": Param(dict(partition_by or {}), type="object", description=_PARTITION_BY)}
+    parse_deletes(deletes)
+    return {
+        "partition_by": Param(dict(partition_by or {}), type="object", description=_PARTITION_BY),
+        "deletes": Param(deletes or {}, type=["object", "string"], description=_DELETES),
+    }
 
 
 def _dag(

@@ -113,6 +113,7 @@ def cdc_microbatch_task_group(
     table_parallelism: int | str = TABLE_PARALLELISM,
     catch_up_seconds: int | str | None = None,
     partition_by: Mapping[str, Sequence[str]] | str | None = None,
+    deletes: Mapping[str, str] | str | None = None,
 ) -> TaskGroup:
     """Build the group inside the current DAG context; every string argument may be a template.
 
@@ -125,6 +126,8 @@ def cdc_microbatch_task_group(
     :param table_parallelism: tables the apply job applies at once (a positive number).
     :param partition_by: lake tables' Iceberg partition specs by source table, as
         :class:`PostgresCdcSparkApplyOperator` takes them (``{"public.orders": ["days(placed_at)"]}``).
+    :param deletes: ``"soft"``, ``"hard"`` or ``{"public.orders": "soft"}``: whether lake tables keep
+        deleted rows, marked, as :class:`PostgresCdcSparkApplyOperator` takes it.
     :param catch_up_seconds: how long a chain of runs started by ``catch_up`` may go on (a
         positive number of seconds); ``None`` leaves the task out. The DAG's runs must carry
         their settings in params (as the factories' DAGs do): the next run gets this run's conf.
@@ -155,6 +158,7 @@ def cdc_microbatch_task_group(
             staging_conn_id=staging_conn_id,
             table_parallelism=table_parallelism,
             partition_by=partition_by,
+            deletes=deletes,
             **pool_argument(pool),
         )
         ack = PostgresCdcAckOperator(
@@ -206,6 +210,7 @@ def snapshot_task_group(
     copy_engine: CopyEngine = "local",
     table_parallelism: int | str = TABLE_PARALLELISM,
     partition_by: Mapping[str, Sequence[str]] | str | None = None,
+    deletes: Mapping[str, str] | str | None = None,
 ) -> TaskGroup:
     """Snapshot tables and load them; ``slot_mode`` as :class:`PostgresCdcSnapshotOperator` takes it.
 
@@ -225,6 +230,8 @@ def snapshot_task_group(
     :param table_parallelism: tables the load job loads at once (a positive number).
     :param partition_by: lake tables' Iceberg partition specs, as the CDC group takes them; give
         both groups the same, or a load creates a table with another spec than the CDC's.
+    :param deletes: the delete mode of lake tables, as the CDC group takes it; a load may switch a
+        table's mode, a batch may not.
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 
@@ -252,6 +259,7 @@ def snapshot_task_group(
             staging_conn_id=staging_conn_id,
             table_parallelism=table_parallelism,
             partition_by=partition_by,
+            deletes=deletes,
             **pool_argument(pool),
         )
         snapshot >> load

@@ -6,6 +6,7 @@ the lake side is read with pyiceberg through the lake's own catalog, so no Spark
 needed. Rows are compared as multisets (duplicates count). Run it when the source is quiet, or
 pass the cut of the batch that matches the source: a busy source is ahead of the lake. A value
 held in an overflow sibling (docs/TYPES.md) is compared exactly: the siblings are part of the row.
+A soft-deletes table is read as documented (docs/LAKE.md): its rows marked deleted are left out.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_provider_postgres_cdc.engine.lake_catalog import Cut, read_table
 from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.formats.deletes import DELETED_LSN
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import is_sibling, sibling_name
 from airflow_provider_postgres_cdc.replication import connect, drop_slot
@@ -137,6 +140,8 @@ def compare_tables(
         except Exception as exc:  # a missing table is a finding, not a crash of the check
             results.append(TableComparison(entry.qualified, source.num_rows, 0, source.num_rows, 0, str(exc)))
             continue
+        if DELETED_LSN in lake_rows.column_names:
+            lake_rows = lake_rows.filter(pc.is_null(lake_rows[DELETED_LSN]))
         source, lake_rows = with_siblings(source, lake_rows)
         aligned, detail = _aligned(source, lake_rows)
         missing, extra = (0, 0) if detail else multiset_difference(source, aligned)

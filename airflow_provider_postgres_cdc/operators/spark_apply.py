@@ -13,6 +13,7 @@ from airflow.sdk import Context
 from airflow_provider_postgres_cdc import metrics
 from airflow_provider_postgres_cdc.assets import TABLES_ALIAS, alias, table_asset
 from airflow_provider_postgres_cdc.errors import LakeCatalogError
+from airflow_provider_postgres_cdc.formats import deletes as deletes_option
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, WriteMode
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.formats.partitioning import check_manifest, option_text, parse_partition_by
@@ -51,6 +52,11 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         text). A table gets its spec when created and moves to a changed one; a table not named
         keeps its own; ``[]`` makes one unpartitioned (docs/LAKE.md "Partitioned tables"). Checked
         when the DAG is parsed, and against the batch's columns before the job is submitted (templated).
+    :param deletes: ``"soft"`` keeps deleted rows in the lake tables, marked with the deleting
+        commit's time and LSN (``_pgl_deleted_at``, ``_pgl_deleted_lsn``); ``"hard"`` (what a new
+        table gets by default) removes them; ``{"public.orders": "soft"}`` names tables, and a table
+        it does not name keeps its mode. Only a load may switch a table's mode (docs/LAKE.md "Soft
+        deletes"); tables without a key cannot be soft (templated).
     :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
         one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
         cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
@@ -64,6 +70,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         "staging_conn_id",
         "table_parallelism",
         "partition_by",
+        "deletes",
     )
 
     def __init__(
@@ -77,12 +84,15 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         asset_alias: str = TABLES_ALIAS,
         table_parallelism: int | str = TABLE_PARALLELISM,
         partition_by: Mapping[str, Sequence[str]] | str | None = None,
+        deletes: Mapping[str, str] | str | None = None,
         **kwargs: Any,
     ) -> None:
         check_choice("write_mode", write_mode, WRITE_MODES)
         check_positive("table_parallelism", table_parallelism)
         if not is_template(partition_by):
             parse_partition_by(partition_by)  # a typo fails the DAG file's import
+        if not is_template(deletes):
+            deletes_option.parse_deletes(deletes)
         # Which tables a batch writes is known only once it is drained: the events go through an alias.
         kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
         super().__init__(application=APPLY_JOB_PATH, name=name, **kwargs)
@@ -93,13 +103,14 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         self.asset_alias = asset_alias
         self.table_parallelism = table_parallelism
         self.partition_by = partition_by
+        self.deletes = deletes
         self._manifest: Manifest | None = None  # read when the task runs
-        self._partition_option = ""  # the rendered option, checked, as the job takes it
+        self._job_options: list[str] = []  # the rendered options, checked, as the job takes them
 
     def job_arguments(self, lake: LakeConfig) -> list[str]:
         args = ["--manifest", str(self.manifest), "--write-mode", self.write_mode]
         args += ["--table-parallelism", str(self.table_parallelism)]
-        args += ["--partition-by", self._partition_option] if self._partition_option else []
+        args += self._job_options
         return args + (["--tables", ",".join(self.tables)] if self.tables else [])
 
     def staging_conf(self) -> dict[str, str]:
@@ -119,14 +130,19 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
 
         check_choice("write_mode", self.write_mode, WRITE_MODES)
         self.table_parallelism = rendered_positive("table_parallelism", self.table_parallelism)
-        partitions = parse_partition_by(self.partition_by)
+        partitions, deletes = (
+            parse_partition_by(self.partition_by),
+            deletes_option.parse_deletes(self.deletes),
+        )
         self._manifest = manifest = read_manifest(self.manifest, staging_options(self.staging_conn_id))
         if not manifest.tables:
             # An empty batch changes no table: nothing to submit, and the ack needs no commit.
             self.log.info("batch %s holds no changes; nothing to apply", manifest.batch_id)
             return
         check_manifest(manifest, partitions)  # before the job is submitted: nothing is committed
-        self._partition_option = option_text(partitions) if partitions else ""
+        deletes_option.check_manifest(manifest, deletes)
+        self._job_options = ["--partition-by", option_text(partitions)] if partitions else []
+        self._job_options += ["--deletes", deletes_option.option_text(deletes)] if deletes else []
         super().execute(context)
         self._emit_table_events(context, manifest)
 

@@ -155,6 +155,7 @@ def test_catch_up_is_a_param_of_the_cdc_dag_and_can_be_left_out() -> None:
 def test_every_dag_creating_lake_tables_takes_the_partition_param(
     factory: Callable[..., DAG], task_id: str
 ) -> None:
+    from airflow_provider_postgres_cdc.formats.deletes import parse_deletes
     from airflow_provider_postgres_cdc.formats.partitioning import parse_partition_by
 
     dag = factory(staging=STAGING, partition_by={"public.orders": ["days(placed_at)"]})
@@ -166,6 +167,11 @@ def test_every_dag_creating_lake_tables_takes_the_partition_param(
         task.partition_by, {"params": {**params, "partition_by": run_conf}}, dag.get_template_env()
     )
     assert parse_partition_by(rendered) == parse_partition_by(run_conf)
+    assert params["deletes"] == {}  # no table named: each keeps its mode
+    for deletes in ("soft", {"public.orders": "soft"}):
+        context = {"params": {**params, "deletes": deletes}}
+        rendered = task.render_template(task.deletes, context, dag.get_template_env())
+        assert parse_deletes(rendered) == deletes
     assert (
         "partition_by"
         not in ParamsDict(dag_factories.lake_maintenance_dag(staging=STAGING).params).validate()

@@ -1,12 +1,12 @@
 """The whole product: snapshot, CDC runs, crashes at the worst moments, and a lake equal to its source.
 
 Real PostgreSQL, real ``airflow dags test`` on the example DAGs, real ``spark-submit`` in local
-mode, two lake tables partitioned. The initial snapshot's DAG run is SIGKILLed with its worker
-during its copy, then during its load, and simply run again. The CDC crash is produced by running
-the pipeline's own steps partway, exactly as a killed worker leaves them: a batch applied but not
-acknowledged. The next run must converge, with every change in the changelog once. (A batch
-applied to some tables only is the crash of test_rest_lake.py, the same pipeline on a REST catalog
-and S3.)
+mode, two lake tables partitioned and two keeping deleted rows (read as documented: the marked
+rows left out). The initial snapshot's DAG run is SIGKILLed with its worker during its copy, then
+during its load, and simply run again. The CDC crash is produced by running the pipeline's own
+steps partway, exactly as a killed worker leaves them: a batch applied but not acknowledged. The
+next run must converge, with every change in the changelog once. (A batch applied to some tables
+only is the crash of test_rest_lake.py, the same pipeline on a REST catalog and S3.)
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from tests.integration.e2e.e2e_support import (
 )
 
 SLOT = "shop_cdc"
-# Two lake tables partitioned through the DAGs' param (docs/LAKE.md "Partitioned tables").
+# Two lake tables partitioned and two keeping deleted rows, through the DAGs' params (docs/LAKE.md).
 PARTITION_BY = {"public.orders": ["days(placed_at)"], "public.order_items": ["bucket(4, order_id)"]}
+SOFT = {"public.orders": "soft", "public.carts": "soft"}  # the shop deletes orders and truncates carts
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
 
@@ -51,7 +52,7 @@ def test_snapshot_batches_and_crashes_end_equal(
     staging = tmp_path / "staging"
     lake, lake_conn = make_lake(tmp_path / "lake")
     sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
-    conf = {**pipeline_conf(SLOT, staging), "partition_by": PARTITION_BY}
+    conf = {**pipeline_conf(SLOT, staging), "partition_by": PARTITION_BY, "deletes": SOFT}
     kill_the_initial_snapshot_twice(pg_cluster, sandbox, conf, lake, staging)
     sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()  # the user's re-run: no other step
 
@@ -80,6 +81,11 @@ def test_snapshot_batches_and_crashes_end_equal(
         schema = loaded.schema()
         spec = [f"{f.transform}({schema.find_column_name(f.source_id)})" for f in loaded.spec().fields]
         assert spec == [f.replace("days", "day").replace("bucket(4, ", "bucket[4](") for f in fields]
+    for table in SOFT:  # compare_tables read the live rows; the deleted ones are there, marked
+        marked = catalog.load_table(lake.identifier(*table.split(".", 1))).scan(
+            row_filter="_pgl_deleted_lsn IS NOT NULL"
+        )
+        assert marked.to_arrow().num_rows > 0, table
     # The last run applied changes to every table: its end is the lake's latest consistent cut.
     conn = connect(dsn)
     acked = describe_slot(conn, SLOT).confirmed_flush_lsn
