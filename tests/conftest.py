@@ -34,20 +34,21 @@ from tests.spark_lines import SPARK_35, SparkLine, spark_line_named
 # test`` runs the suite on pytest-xdist workers, which take whole modules in collection order: these
 # go first, so that no long module starts late and ends the run alone. The others keep their order.
 LONGEST_FIRST = (
-    "tests/integration/e2e/test_backfills.py",  # 734
-    "tests/integration/e2e/test_cdc_pipeline.py",  # 466
-    "tests/integration/e2e/test_rest_lake.py",  # 426, on its cluster
+    "tests/integration/e2e/test_backfills.py",  # 590
+    "tests/integration/e2e/test_rest_lake.py",  # 431, on its cluster
+    "tests/integration/e2e/test_cdc_pipeline.py",  # 413
+    "tests/integration/e2e/test_catch_up.py",  # 339, a minute of it a retry's delay
     "tests/integration/reliability/test_least_privilege.py",  # 258
-    "tests/integration/e2e/test_catch_up.py",  # 248, a minute of it a retry's delay
-    "tests/integration/airflow/test_asset_events.py",  # 241
-    "tests/integration/spark/test_jobs_on_spark41.py",  # 147
-    "tests/integration/airflow/test_report_view.py",  # 143
-    "tests/integration/reliability/test_failover.py",  # 132
-    "tests/integration/e2e/test_openlineage.py",  # 110 and more, on Spark 4.1
-    "tests/integration/reliability/test_crash_soak.py",  # 71
-    "tests/integration/spark/test_parallel_apply.py",  # 70
-    "tests/integration/airflow/test_sandbox_runs.py",  # 69
-    "tests/integration/airflow/test_asset_watcher.py",  # 51
+    "tests/integration/airflow/test_asset_events.py",  # 251
+    "tests/integration/spark/test_jobs_on_spark41.py",  # 198
+    "tests/integration/e2e/test_openlineage.py",  # 172 and more, on Spark 4.1
+    "tests/integration/reliability/test_failover.py",  # 152
+    "tests/integration/airflow/test_report_view.py",  # 127
+    "tests/integration/spark/test_parallel_apply.py",  # 111
+    "tests/integration/airflow/test_asset_watcher.py",  # 64
+    "tests/integration/airflow/test_sandbox_runs.py",  # 62
+    "tests/integration/spark/test_partitioned_apply.py",  # 58 and more
+    "tests/integration/reliability/test_crash_soak.py",  # 52
 )
 
 
