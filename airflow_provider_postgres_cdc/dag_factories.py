@@ -21,8 +21,7 @@ any further keyword, passed to ``DAG`` as is (``tags``, ``default_args``, ``star
 ``partition_by`` (``{"public.orders": ["days(placed_at)"]}``: the Iceberg partition spec of lake
 tables) and ``deletes`` (``"soft"``, or ``{"public.orders": "soft"}``: deleted rows kept, marked)
 are the defaults of params of every DAG that writes lake tables (docs/LAKE.md); give the DAGs of
-one pipeline the same. Give
-the DAGs of a second pipeline their own ``dag_id`` s.
+one pipeline the same. Give the DAGs of a second pipeline their own ``dag_id`` s.
 
 Every DAG runs with ``max_active_runs=1``: a slot has one consumer at a time.
 """

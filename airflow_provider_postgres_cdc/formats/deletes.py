@@ -14,13 +14,13 @@ job applies it, and ``verify`` reads the lake the documented way.
 
 from __future__ import annotations
 
-import ast
 import json
 from collections.abc import Mapping
 from typing import Literal
 
 from airflow_provider_postgres_cdc.errors import BACKFILL, DeletesOptionError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.formats.rendered import rendered_value
 
 DeleteMode = Literal["hard", "soft"]
 MODES: tuple[DeleteMode, ...] = ("hard", "soft")
@@ -40,14 +40,10 @@ def parse_deletes(option: str | Mapping[str, str] | None) -> DeletesOption:
     if option is None or (isinstance(option, str) and not option.strip()):
         return None
     if isinstance(option, str) and option.strip() not in MODES:
-        text = option
-        try:  # JSON text, as a template renders it with ``tojson``
-            option = json.loads(text)
+        try:
+            option = rendered_value(option)  # type: ignore[assignment]
         except ValueError:
-            try:  # a dict rendered by a plain ``{{ params.deletes }}`` (Python's repr)
-                option = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                raise DeletesOptionError(_shape(text)) from None
+            raise DeletesOptionError(_shape(option)) from None
     if isinstance(option, str):
         if option.strip() in MODES:
             return option.strip()  # type: ignore[return-value]

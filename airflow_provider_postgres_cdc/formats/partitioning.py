@@ -12,7 +12,6 @@ Spark job (which receives this module) applies it.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -20,12 +19,13 @@ from dataclasses import dataclass
 
 from airflow_provider_postgres_cdc.errors import PartitionSpecError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, is_sibling
+from airflow_provider_postgres_cdc.formats.rendered import rendered_value
 
 PARTITION_PROPERTY = "pgl.partition-by"
 """The lake table property holding the spec the table was given (canonical JSON list)."""
 
-# Spark SQL's transform names (and Iceberg's aliases) -> the canonical one.
-_TEMPORAL = {
+# Spark SQL's transform names (and Iceberg's aliases and its own ``Transform`` names) -> the canonical one.
+TEMPORAL = {
     "year": "years", "years": "years",
     "month": "months", "months": "months",
     "day": "days", "days": "days", "date": "days",
@@ -61,16 +61,16 @@ class PartitionField:
     width: int | None = None
 
     def __str__(self) -> str:
-        name = self.column if _BARE.match(self.column) else '"' + self.column.replace('"', '""') + '"'
-        if self.transform == "identity":
-            return name
-        if self.width is not None:
-            return f"{self.transform}({self.width}, {name})"
-        return f"{self.transform}({name})"
+        return self._text(
+            self.column if _BARE.match(self.column) else '"' + self.column.replace('"', '""') + '"'
+        )
 
     def spark_sql(self) -> str:
         """The field as Spark SQL's ``PARTITIONED BY`` and ``ADD PARTITION FIELD`` take it."""
-        name = "`" + self.column.replace("`", "``") + "`"
+        return self._text("`" + self.column.replace("`", "``") + "`")
+
+    def _text(self, name: str) -> str:
+        """The field with its column written as ``name`` (quoted as the reader of the text needs)."""
         if self.transform == "identity":
             return name
         if self.width is not None:
@@ -105,8 +105,8 @@ def parse_field(text: str) -> PartitionField:
     name, inner = call.group(1).lower(), call.group(2)
     if name == "identity":
         return PartitionField("identity", _column(inner, text))
-    if name in _TEMPORAL:
-        return PartitionField(_TEMPORAL[name], _column(inner, text))
+    if name in TEMPORAL:
+        return PartitionField(TEMPORAL[name], _column(inner, text))
     if name in _SIZED:
         width, sep, rest = inner.partition(",")
         if not sep or not width.strip().isdigit() or int(width) < 1:
@@ -130,14 +130,10 @@ def parse_partition_by(option: Mapping[str, Sequence[str]] | str | None) -> Part
     if option is None or (isinstance(option, str) and not option.strip()):
         return {}
     if isinstance(option, str):
-        text = option
         try:
-            option = json.loads(text)
+            option = rendered_value(option)  # type: ignore[assignment]
         except ValueError:
-            try:  # a dict rendered by a plain ``{{ params.partition_by }}`` (Python's repr)
-                option = ast.literal_eval(text)
-            except (ValueError, SyntaxError):
-                raise PartitionSpecError(f"partition_by is neither JSON nor a dict: {text!r}") from None
+            raise PartitionSpecError(f"partition_by is neither JSON nor a dict: {option!r}") from None
     if not isinstance(option, Mapping):
         raise PartitionSpecError(
             'partition_by maps "schema.table" names to lists of partition fields, as in '

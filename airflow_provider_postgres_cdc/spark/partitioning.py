@@ -16,14 +16,12 @@ from typing import Any
 
 from airflow_provider_postgres_cdc.formats.partitioning import (
     PARTITION_PROPERTY,
+    TEMPORAL,
     PartitionField,
     spec_text,
 )
 
 log = logging.getLogger("postgres_cdc.apply")
-
-# Iceberg's names of the transforms (``Transform.toString()``), for reading a table's spec.
-_ICEBERG_NAMES = {"year": "years", "month": "months", "day": "days", "hour": "hours"}
 
 
 def partition_clause(fields: Sequence[PartitionField]) -> str:
@@ -42,7 +40,7 @@ def current_fields(table: Any) -> list[tuple[str, PartitionField]]:
         if name == "void":
             continue
         size = int(width.rstrip("]")) if width else None
-        fields.append((str(field.name()), PartitionField(_ICEBERG_NAMES.get(name, name), column, size)))
+        fields.append((str(field.name()), PartitionField(TEMPORAL.get(name, name), column, size)))
     return fields
 
 
