@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from airflow_provider_postgres_cdc.errors import PartitionSpecError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, is_sibling
-from airflow_provider_postgres_cdc.formats.rendered import rendered_value
+from airflow_provider_postgres_cdc.formats.rendered import rendered_mapping
 
 PARTITION_PROPERTY = "pgl.partition-by"
 """The lake table property holding the spec the table was given (canonical JSON list)."""
@@ -127,20 +127,15 @@ def parse_partition_by(option: Mapping[str, Sequence[str]] | str | None) -> Part
     Raises :class:`PartitionSpecError` naming the entry at fault: an unknown transform, a bad
     width, a table name that is not ``schema.table``, a column named twice.
     """
-    if option is None or (isinstance(option, str) and not option.strip()):
-        return {}
-    if isinstance(option, str):
-        try:
-            option = rendered_value(option)  # type: ignore[assignment]
-        except ValueError:
-            raise PartitionSpecError(f"partition_by is neither JSON nor a dict: {option!r}") from None
-    if not isinstance(option, Mapping):
-        raise PartitionSpecError(
+    given = rendered_mapping(
+        option,
+        lambda bad: PartitionSpecError(
             'partition_by maps "schema.table" names to lists of partition fields, as in '
-            f'{{"public.orders": ["days(placed_at)"]}}; not {option!r}'
-        )
+            f'{{"public.orders": ["days(placed_at)"]}} (a dict, or its JSON text); not {bad!r}'
+        ),
+    )
     specs: PartitionSpecs = {}
-    for table, entries in option.items():
+    for table, entries in (given or {}).items():
         if not isinstance(table, str) or "." not in table:
             raise PartitionSpecError(f"partition_by: {table!r} is not a schema.table name")
         if isinstance(entries, str) or not isinstance(entries, Sequence):

@@ -23,6 +23,9 @@ def pg_timestamp(micros: int) -> datetime:
     return PG_EPOCH + timedelta(microseconds=micros)
 
 
+TEXT_OID = 25
+"""``text``: what overflow siblings and hashed columns are staged as."""
+
 # Built-in scalar type OIDs (pg_type.dat) and their names.
 TYPE_NAMES: dict[int, str] = {
     16: "bool",

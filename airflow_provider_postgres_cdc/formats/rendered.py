@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def rendered_value(text: str) -> object:
@@ -20,3 +22,18 @@ def rendered_value(text: str) -> object:
             return ast.literal_eval(text)
         except (ValueError, SyntaxError):
             raise ValueError(f"neither JSON nor a Python literal: {text!r}") from None
+
+
+def rendered_mapping(option: object, error: Callable[[object], Exception]) -> Mapping[str, Any] | None:
+    """A per-table option as a mapping: itself, or the mapping its rendered text holds; None when
+    nothing is given (None or blank text). Anything else raises ``error(option)``."""
+    if option is None or (isinstance(option, str) and not option.strip()):
+        return None
+    if isinstance(option, str):
+        try:
+            option = rendered_value(option)
+        except ValueError:
+            raise error(option) from None
+    if not isinstance(option, Mapping):
+        raise error(option)
+    return option

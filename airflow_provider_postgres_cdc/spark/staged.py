@@ -32,7 +32,7 @@ from pyspark.sql.types import (
 from airflow_provider_postgres_cdc.errors import ApplyError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
 from airflow_provider_postgres_cdc.spark.changes import COMMIT_LSN, OLD, column
-from airflow_provider_postgres_cdc.spark.iceberg import widened
+from airflow_provider_postgres_cdc.spark.widening import widened
 
 
 def read_text(spark: SparkSession, path: str) -> str | None:

@@ -23,10 +23,9 @@ import pyarrow as pa
 from airflow_provider_postgres_cdc.errors import ReservedColumnNameError
 from airflow_provider_postgres_cdc.formats.manifest import SIBLING_SUFFIX as SUFFIX
 from airflow_provider_postgres_cdc.formats.manifest import ColumnManifest, is_sibling, sibling_name
+from airflow_provider_postgres_cdc.formats.pgtypes import TEXT_OID
 from airflow_provider_postgres_cdc.values.arrow_types import can_overflow, text_to_arrow_with_overflow
 from airflow_provider_postgres_cdc.values.binary_format import binary_to_arrow_with_overflow
-
-_TEXT_OID = 25
 
 
 def check_names(table: str, names: Iterable[str]) -> None:
@@ -95,7 +94,7 @@ def sibling_manifests(table_columns: Iterable[str], staged: Iterable[str]) -> li
     in the order of the table columns they belong to."""
     present = set(staged)
     return [
-        ColumnManifest(sibling_name(name), "text", _TEXT_OID, -1, "string")
+        ColumnManifest(sibling_name(name), "text", TEXT_OID, -1, "string")
         for name in table_columns
         if sibling_name(name) in present
     ]

@@ -76,7 +76,7 @@ def test_the_option_is_a_mapping_or_its_json_or_python_text() -> None:
         ({"orders": ["days(a)"]}, "'orders' is not a schema.table name"),
         ({"public.orders": "days(a)"}, "is a list of partition fields"),
         (["days(a)"], 'maps "schema.table" names to lists of partition fields'),
-        ("{not json", "neither JSON nor a dict"),
+        ("{not json", "(a dict, or its JSON text); not '"),
         ({"public.orders": [""]}, "a partition field is a text such as 'days(placed_at)'"),
     ],
 )
