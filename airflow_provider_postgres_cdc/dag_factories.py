@@ -19,9 +19,11 @@ from each run's conf. The other keyword arguments are fixed when the DAG is pars
 Airflow pool shared by every task writing the lake: apply, load, maintenance), ``spark_conf``, and
 any further keyword, passed to ``DAG`` as is (``tags``, ``default_args``, ``start_date``...).
 ``partition_by`` (``{"public.orders": ["days(placed_at)"]}``: the Iceberg partition spec of lake
-tables) and ``deletes`` (``"soft"``, or ``{"public.orders": "soft"}``: deleted rows kept, marked)
-are the defaults of params of every DAG that writes lake tables (docs/LAKE.md); give the DAGs of
-one pipeline the same. Give the DAGs of a second pipeline their own ``dag_id`` s.
+tables), ``deletes`` (``"soft"``, or ``{"public.orders": "soft"}``: deleted rows kept, marked) and
+``column_transforms`` (``{"public.customers": {"email": "hash"}}``: columns hashed or dropped
+before staging, under the key in connection ``hash_key_conn_id``) are the defaults of params of
+every DAG that writes lake tables (docs/LAKE.md); give the DAGs of one pipeline the same. Give the
+DAGs of a second pipeline their own ``dag_id`` s.
 
 Every DAG runs with ``max_active_runs=1``: a slot has one consumer at a time.
 """
@@ -37,8 +39,10 @@ from airflow.sdk import DAG, Param
 
 from airflow_provider_postgres_cdc.engine.choices import CopyEngine, SlotMode, Transport
 from airflow_provider_postgres_cdc.errors import BACKFILL_DAG, INITIAL_SNAPSHOT_DAG, RECOVERY_DAG
+from airflow_provider_postgres_cdc.formats.column_transforms import parse_column_transforms
 from airflow_provider_postgres_cdc.formats.deletes import parse_deletes
 from airflow_provider_postgres_cdc.formats.partitioning import parse_partition_by
+from airflow_provider_postgres_cdc.hooks.hash_key import PostgresCdcHashKeyHook
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.operators.arguments import check_positive
@@ -56,6 +60,7 @@ from airflow_provider_postgres_cdc.task_groups import (
 MICROBATCH_DAG = "postgres_cdc_microbatch"
 _CATCH_UP = "how long runs may chain on a backlog, in seconds"
 _DELETES = '"soft" keeps deleted rows in lake tables, marked; "hard" or {"public.orders": "soft"}'
+_TRANSFORMS = 'columns hashed or dropped before staging: {"public.customers": {"email": "hash"}}'
 _PARTITION_BY = 'Iceberg partition specs of lake tables: {"public.orders": ["days(placed_at)"]}'
 LAKE_MAINTENANCE_DAG = "postgres_cdc_lake_maintenance"
 _START = datetime(2026, 1, 1)
@@ -77,6 +82,8 @@ def initial_snapshot_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    column_transforms: Mapping[str, Mapping[str, str]] | None = None,
+    hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
 ) -> DAG:
     """Initial load: create the slot with an exported snapshot, copy the published tables, load them.
@@ -114,6 +121,8 @@ def backfill_tables_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    column_transforms: Mapping[str, Mapping[str, str]] | None = None,
+    hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
 ) -> DAG:
     """Re-snapshot tables of a running pipeline, optionally adding them to its publication first.
@@ -160,6 +169,8 @@ def recover_slot_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    column_transforms: Mapping[str, Mapping[str, str]] | None = None,
+    hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
 ) -> DAG:
     """Recover a pipeline whose slot is lost (``wal_status = lost``) or was dropped.
@@ -195,6 +206,8 @@ def cdc_microbatch_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    column_transforms: Mapping[str, Mapping[str, str]] | None = None,
+    hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
 ) -> DAG:
     """Scheduled micro-batch CDC: wait for lag, drain a slot, apply the batch with Spark, advance the slot.
@@ -226,7 +239,7 @@ def cdc_microbatch_dag(
             "max_messages": Param(max_messages, type="integer", minimum=1),
             "min_lag_bytes": Param(min_lag_bytes, type="integer", minimum=0),
             **catch_up,
-            **table_params(partition_by, deletes),
+            **table_params(partition_by, deletes, column_transforms),
         },
         {"default_args": {"retries": 2, "retry_delay": timedelta(minutes=1)}, "tags": [*_TAGS, "cdc"]},
     )
@@ -239,6 +252,7 @@ def cdc_microbatch_dag(
             catch_up_seconds=None if catch_up_seconds is None else "{{ params.catch_up_seconds }}",
             spark_conf=spark_conf,
             pool=pool,
+            hash_key_conn_id=hash_key_conn_id,
             **TABLE_OPTIONS,
         )
     return dag
@@ -337,7 +351,10 @@ def _snapshot_dag(
         dag_id,
         None,
         arguments,
-        {**params, **table_params(arguments["partition_by"], arguments["deletes"])},
+        {
+            **params,
+            **table_params(arguments["partition_by"], arguments["deletes"], arguments["column_transforms"]),
+        },
         {"render_template_as_native_obj": True, "tags": [*_TAGS, "cdc", "snapshot", *purpose]},
     )
     with dag:
@@ -347,6 +364,7 @@ def _snapshot_dag(
             copy_engine=arguments["copy_engine"],
             spark_conf=arguments["spark_conf"],
             pool=arguments["pool"],
+            hash_key_conn_id=arguments["hash_key_conn_id"],
             **TABLE_OPTIONS,
             **group,
         )
@@ -357,19 +375,25 @@ def _snapshot_dag(
 TABLE_OPTIONS: dict[str, Any] = {
     "partition_by": "{{ params.partition_by | tojson }}",
     "deletes": "{{ params.deletes | tojson }}",
+    "column_transforms": "{{ params.column_transforms | tojson }}",
 }
 
 
 def table_params(
-    partition_by: Mapping[str, Sequence[str]] | None, deletes: Mapping[str, str] | str | None
+    partition_by: Mapping[str, Sequence[str]] | None,
+    deletes: Mapping[str, str] | str | None,
+    column_transforms: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Param]:
-    """The ``partition_by`` and ``deletes`` params of the DAGs that write lake tables, checked when
-    the DAG is parsed."""
+    """The ``partition_by``, ``deletes`` and ``column_transforms`` params of the DAGs that write lake
+    tables, checked when the DAG is parsed."""
     parse_partition_by(dict(partition_by or {}))
     parse_deletes(deletes)
+    transforms = {table: dict(columns) for table, columns in (column_transforms or {}).items()}
+    parse_column_transforms(transforms)
     return {
         "partition_by": Param(dict(partition_by or {}), type="object", description=_PARTITION_BY),
         "deletes": Param(deletes or {}, type=["object", "string"], description=_DELETES),
+        "column_transforms": Param(transforms, type="object", description=_TRANSFORMS),
     }
 
 

@@ -114,6 +114,8 @@ def cdc_microbatch_task_group(
     catch_up_seconds: int | str | None = None,
     partition_by: Mapping[str, Sequence[str]] | str | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    column_transforms: Mapping[str, Mapping[str, str]] | str | None = None,
+    hash_key_conn_id: str | None = None,
 ) -> TaskGroup:
     """Build the group inside the current DAG context; every string argument may be a template.
 
@@ -128,6 +130,10 @@ def cdc_microbatch_task_group(
         :class:`PostgresCdcSparkApplyOperator` takes them (``{"public.orders": ["days(placed_at)"]}``).
     :param deletes: ``"soft"``, ``"hard"`` or ``{"public.orders": "soft"}``: whether lake tables keep
         deleted rows, marked, as :class:`PostgresCdcSparkApplyOperator` takes it.
+    :param column_transforms: ``{"public.customers": {"email": "hash", "ssn": "drop"}}``: columns the
+        drain hashes or drops before staging, as :class:`PostgresCdcDrainOperator` takes them.
+    :param hash_key_conn_id: the connection whose password is the hash key (default
+        ``postgres_cdc_hash_key``).
     :param catch_up_seconds: how long a chain of runs started by ``catch_up`` may go on (a
         positive number of seconds); ``None`` leaves the task out. The DAG's runs must carry
         their settings in params (as the factories' DAGs do): the next run gets this run's conf.
@@ -145,6 +151,8 @@ def cdc_microbatch_task_group(
             max_messages=max_messages,  # type: ignore[arg-type]
             staging_conn_id=staging_conn_id,
             lake_conn_id=lake_conn_id,
+            column_transforms=column_transforms,
+            hash_key_conn_id=hash_key_conn_id,
         )
         manifest = f"{{{{ ti.xcom_pull(task_ids='{drain.task_id}')['manifest'] }}}}"
         apply = PostgresCdcSparkApplyOperator(
@@ -211,6 +219,8 @@ def snapshot_task_group(
     table_parallelism: int | str = TABLE_PARALLELISM,
     partition_by: Mapping[str, Sequence[str]] | str | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    column_transforms: Mapping[str, Mapping[str, str]] | str | None = None,
+    hash_key_conn_id: str | None = None,
 ) -> TaskGroup:
     """Snapshot tables and load them; ``slot_mode`` as :class:`PostgresCdcSnapshotOperator` takes it.
 
@@ -232,6 +242,9 @@ def snapshot_task_group(
         both groups the same, or a load creates a table with another spec than the CDC's.
     :param deletes: the delete mode of lake tables, as the CDC group takes it; a load may switch a
         table's mode, a batch may not.
+    :param column_transforms: columns hashed or dropped before staging, and ``hash_key_conn_id`` the
+        connection of their key, as the CDC group takes them; give both groups the same (a batch
+        staged under others than its table's rows is refused; a load may change them).
     """
     from airflow_provider_postgres_cdc.operators.spark_apply import PostgresCdcSparkApplyOperator
 
@@ -247,6 +260,8 @@ def snapshot_task_group(
             postgres_conn_id=postgres_conn_id,
             staging_conn_id=staging_conn_id,
             lake_conn_id=lake_conn_id,
+            column_transforms=column_transforms,
+            hash_key_conn_id=hash_key_conn_id,
         )
         load = PostgresCdcSparkApplyOperator(
             task_id="load",

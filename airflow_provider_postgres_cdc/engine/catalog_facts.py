@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_provider_postgres_cdc.engine.column_hashing import ColumnTransformer
 from airflow_provider_postgres_cdc.engine.staging import PartFileWriter, StagingLocation
 from airflow_provider_postgres_cdc.errors import PostgresCdcError
 from airflow_provider_postgres_cdc.formats.layout import MISSING_VALUES_PREFIX
@@ -95,12 +96,20 @@ def _typed_missing(spec: TableManifest, facts: dict[str, ColumnFacts]) -> pa.Tab
 
 
 def record_catalog_facts(
-    conn: Any, location: StagingLocation, batch_dir: str, tables: Sequence[TableManifest]
+    conn: Any,
+    location: StagingLocation,
+    batch_dir: str,
+    tables: Sequence[TableManifest],
+    transforms: ColumnTransformer | None = None,
 ) -> list[TableManifest]:
-    """``tables`` with their catalog facts, the missing values staged beside their changes."""
+    """``tables`` with their catalog facts, the missing values staged beside their changes; under
+    ``transforms``, without dropped columns, hashed ones' missing values hashed, and recorded."""
     out = []
     for spec in tables:
         facts = read_facts(conn, spec.schema, spec.table)
+        if transforms is not None:
+            facts = transforms.facts(spec.qualified, facts)
+            spec = transforms.recorded(spec)
         row = _typed_missing(spec, facts)
         missing_file = None
         if row is not None:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_postgres_cdc.engine.column_hashing import ColumnTransformer
 from airflow_provider_postgres_cdc.engine.lake_catalog import Cut, read_table
 from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
 from airflow_provider_postgres_cdc.formats.deletes import DELETED_LSN
@@ -116,13 +117,19 @@ def compare_tables(
     *,
     scratch: str | None = None,
     cut: Cut | None = None,
+    transforms: ColumnTransformer | None = None,
 ) -> list[TableComparison]:
-    """Compare every published table with its lake table (now, or as of ``cut``); see the module doc."""
+    """Compare every published table with its lake table (now, or as of ``cut``); see the module doc.
+
+    ``transforms``: the pipeline's column transforms, applied to the source's copy the same way (so
+    hashed columns compare by their hashes)."""
     slot = f"postgres_cdc_verify_{uuid.uuid4().hex[:12]}"
     staging = scratch or tempfile.mkdtemp(prefix="postgres-cdc-verify-")
     try:
         # A throwaway slot: no standby needs a copy of it.
-        path, manifest = take_snapshot(conn_params, slot, publications, staging, failover=False)
+        path, manifest = take_snapshot(
+            conn_params, slot, publications, staging, failover=False, transforms=transforms
+        )
     finally:
         conn = connect(conn_params)
         try:

@@ -103,6 +103,8 @@ class TableManifest:
     # drain time (schema_changes.py); absent in older manifests.
     versions: tuple[RelationVersion, ...] = ()
     catalog: CatalogFacts | None = None
+    # What the staged values were transformed by (formats/column_transforms.py); empty: nothing.
+    column_transforms: str = ""
 
     @property
     def path(self) -> str:
@@ -136,6 +138,7 @@ class TableManifest:
             "warnings": list(self.warnings),
             **({"versions": [v.to_dict() for v in self.versions]} if self.versions else {}),
             **({"catalog": self.catalog.to_dict()} if self.catalog is not None else {}),
+            **({"column_transforms": self.column_transforms} if self.column_transforms else {}),
         }
 
     @classmethod
@@ -158,6 +161,7 @@ class TableManifest:
             warnings=tuple(str(w) for w in data.get("warnings", ())),
             versions=tuple(RelationVersion.from_dict(v) for v in data.get("versions") or ()),
             catalog=None if data.get("catalog") is None else CatalogFacts.from_dict(data["catalog"]),
+            column_transforms=str(data.get("column_transforms") or ""),
         )
 
 

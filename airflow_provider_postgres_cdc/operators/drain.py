@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
 from airflow_provider_postgres_cdc import metrics
 from airflow_provider_postgres_cdc.engine.choices import TRANSPORTS, Transport
+from airflow_provider_postgres_cdc.formats.column_transforms import parse_column_transforms
+from airflow_provider_postgres_cdc.hooks.hash_key import column_transformer
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options
-from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
+from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging, is_template
 
 
 class PostgresCdcDrainOperator(BaseOperator):
@@ -36,6 +38,11 @@ class PostgresCdcDrainOperator(BaseOperator):
     :param lake_conn_id: the lake's ``postgres_cdc_lake`` connection: every published table's lake
         names are checked against its name rule before anything is staged (docs/LAKE.md, "Names");
         ``None`` checks nothing (templated).
+    :param column_transforms: ``{"public.customers": {"email": "hash", "ssn": "drop"}}``: columns
+        hashed (HMAC-SHA256 of their text form, hex) or dropped before anything of them is staged
+        (docs/LAKE.md, "Column transforms"); a JSON text of it too (templated).
+    :param hash_key_conn_id: the connection whose password is the hash key
+        (:class:`PostgresCdcHashKeyHook`; default ``postgres_cdc_hash_key``) (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -50,6 +57,8 @@ class PostgresCdcDrainOperator(BaseOperator):
         "spill_dir",
         "staging_conn_id",
         "lake_conn_id",
+        "column_transforms",
+        "hash_key_conn_id",
     )
     ui_color = "#c6e2ff"
 
@@ -67,8 +76,12 @@ class PostgresCdcDrainOperator(BaseOperator):
         spill_dir: str | None = None,
         staging_conn_id: str | None = None,
         lake_conn_id: str | None = None,
+        column_transforms: Mapping[str, Mapping[str, str]] | str | None = None,
+        hash_key_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        if not is_template(column_transforms):
+            parse_column_transforms(column_transforms)  # a malformed option fails the DAG's import
         check_staging(staging)
         check_choice("transport", transport, TRANSPORTS)
         super().__init__(**kwargs)
@@ -83,6 +96,8 @@ class PostgresCdcDrainOperator(BaseOperator):
         self.spill_dir = spill_dir
         self.staging_conn_id = staging_conn_id
         self.lake_conn_id = lake_conn_id
+        self.column_transforms = column_transforms
+        self.hash_key_conn_id = hash_key_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         # The engine (pyarrow) loads when the task runs, not when its DAG is parsed.
@@ -103,6 +118,7 @@ class PostgresCdcDrainOperator(BaseOperator):
             spill_dir=self.spill_dir or None,
             staging_options=staging_options(self.staging_conn_id),
             lake=PostgresCdcLakeHook(self.lake_conn_id).get_conn() if self.lake_conn_id else None,
+            transforms=column_transformer(self.column_transforms, self.hash_key_conn_id),
         )
         result = drain_batch(self._get_hook().connection_params(), settings)
         if not result.reused:  # a retry that found its batch staged drained nothing now

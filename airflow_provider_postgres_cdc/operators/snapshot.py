@@ -15,12 +15,14 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_postgres_cdc.engine.choices import COPY_ENGINES, SLOT_MODES, CopyEngine, SlotMode
 from airflow_provider_postgres_cdc.errors import SlotExistsError
+from airflow_provider_postgres_cdc.formats.column_transforms import parse_column_transforms
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
+from airflow_provider_postgres_cdc.hooks.hash_key import column_transformer
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
 from airflow_provider_postgres_cdc.hooks.staging import staging_options, staging_spark_conf
-from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging
+from airflow_provider_postgres_cdc.operators.arguments import check_choice, check_staging, is_template
 from airflow_provider_postgres_cdc.spark import job_py_files, local_jars
 
 if TYPE_CHECKING:
@@ -97,6 +99,11 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         against its name rule before a slot is created (docs/LAKE.md, "Names"), and a re-run whose
         slot exists asks it whether anything was loaded from the slot; ``None`` checks nothing, and
         such a re-run is refused unless a snapshot of the slot is staged (templated).
+    :param column_transforms: ``{"public.customers": {"email": "hash", "ssn": "drop"}}``: columns
+        hashed (HMAC-SHA256 of their text form, hex) or dropped before anything of them is staged
+        (docs/LAKE.md, "Column transforms"; the local engine only); a JSON text of it too (templated).
+    :param hash_key_conn_id: the connection whose password is the hash key
+        (:class:`PostgresCdcHashKeyHook`; default ``postgres_cdc_hash_key``) (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -110,6 +117,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         "spark_conn_id",
         "staging_conn_id",
         "lake_conn_id",
+        "column_transforms",
+        "hash_key_conn_id",
     )
 
     def __init__(
@@ -136,8 +145,12 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         progress_interval: float = 5.0,
         staging_conn_id: str | None = None,
         lake_conn_id: str | None = None,
+        column_transforms: Mapping[str, Mapping[str, str]] | str | None = None,
+        hash_key_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        if not is_template(column_transforms):
+            parse_column_transforms(column_transforms)  # a malformed option fails the DAG's import
         check_staging(staging)
         check_choice("copy_engine", copy_engine, COPY_ENGINES)
         check_choice("slot_mode", slot_mode, SLOT_MODES)
@@ -163,6 +176,8 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         self.progress_interval = progress_interval
         self.staging_conn_id = staging_conn_id
         self.lake_conn_id = lake_conn_id
+        self.column_transforms = column_transforms
+        self.hash_key_conn_id = hash_key_conn_id
         self._spark_hook: Any = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -229,6 +244,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
             range_bytes=self.range_bytes or DEFAULT_RANGE_BYTES,
             min_range_bytes=self.min_range_bytes or DEFAULT_MIN_RANGE_BYTES,
             lake=self._lake(),
+            transforms=column_transformer(self.column_transforms, self.hash_key_conn_id),
         ) as run:
             if self.copy_engine == "spark":
                 copies = self._copy_with_spark(run, params)

@@ -9,7 +9,7 @@ mid-batch, the table appears once per shape, each with its own schema, in order.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from airflow_provider_postgres_cdc.errors import PgOutputDecodeError
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import sibling_name
-from airflow_provider_postgres_cdc.formats.pgtypes import PG_EPOCH_US
+from airflow_provider_postgres_cdc.formats.pgtypes import PG_EPOCH_US, TEXT_OID
 from airflow_provider_postgres_cdc.pgoutput.messages import Column, LogicalMessage, Relation
 from airflow_provider_postgres_cdc.values import overflow
 from airflow_provider_postgres_cdc.values.arrow_types import arrow_type
@@ -139,6 +139,17 @@ def check_stageable(commit_lsn: Int64Array, end_lsn: Int64Array, commit_time: In
 def table_relation(relation: Relation) -> Relation:
     """The relation version a table is labelled with: without the streamed-transaction xid."""
     return relation if relation.xid is None else dataclasses.replace(relation, xid=None)
+
+
+def as_text(relation: Relation, text_columns: Mapping[str, frozenset[str]]) -> Relation:
+    """The relation with the columns ``text_columns`` names for it (by ``schema.table``) typed as
+    ``text``: their staged values are then exactly the text the stream carries, the PostgreSQL
+    output function's, for a step that needs that text (hashing it the same way as a snapshot's)."""
+    names = text_columns.get(f"{relation.namespace}.{relation.name}")
+    if not names:
+        return relation
+    columns = tuple(Column(c.flags, c.name, TEXT_OID, -1) if c.name in names else c for c in relation.columns)
+    return dataclasses.replace(relation, columns=columns)
 
 
 def shape_key(relation: Relation) -> tuple[object, ...]:

@@ -20,7 +20,7 @@ one table per relation version.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -83,14 +83,22 @@ class BatchDecoder:
     :param raw_text: values are the bytes a SQL_ASCII database stored, staged by the rule of
         ``raw_text.py``; otherwise they are UTF-8 (the server converted them) and an invalid
         value is an error.
+    :param text_columns: columns to type as ``text`` whatever their type, by ``schema.table``:
+        their values stay the PostgreSQL text form the stream carries (:func:`.arrow.as_text`).
     """
 
     def __init__(
-        self, protocol_version: int = 1, *, max_rows: int = DEFAULT_MAX_ROWS, raw_text: bool = False
+        self,
+        protocol_version: int = 1,
+        *,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        raw_text: bool = False,
+        text_columns: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self.protocol_version = protocol_version
         self.max_rows = max_rows
         self.raw_text = raw_text
+        self.text_columns = dict(text_columns or {})
         self.relations = RelationCache()
 
     def decode(self, messages: Sequence[bytes], lsns: Sequence[int] | None = None) -> DecodedBatch:
@@ -142,7 +150,9 @@ class BatchDecoder:
             prepared = sorted(tracker.prepared)
         if first_seq:
             rows = rows.continuing(first_seq)
-        return PreparedBatch(batch, rows, per_txn, logical_messages, open_xids, prepared, self.max_rows)
+        return PreparedBatch(
+            batch, rows, per_txn, logical_messages, open_xids, prepared, self.max_rows, self.text_columns
+        )
 
 
 @dataclass(slots=True)
@@ -158,6 +168,7 @@ class PreparedBatch:
     open_xids: list[int]
     prepared_gids: list[str]
     max_rows: int
+    text_columns: Mapping[str, frozenset[str]]
 
     @property
     def last_changes(self) -> int:
@@ -167,7 +178,7 @@ class PreparedBatch:
     def build(self) -> DecodedBatch:
         """Type the rows into one table per relation version (the costly, numpy/Arrow half)."""
         return DecodedBatch(
-            tables=relation_tables(self.batch, self.rows, self.per_txn, self.max_rows),
+            tables=relation_tables(self.batch, self.rows, self.per_txn, self.max_rows, self.text_columns),
             transactions=self.per_txn.table(),
             messages=self.messages,
             open_xids=self.open_xids,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pyarrow as pa
 
@@ -11,6 +13,7 @@ from airflow_provider_postgres_cdc.pgoutput.arrow import (
     RawColumns,
     TableChanges,
     VersionKeys,
+    as_text,
     build_batches,
     table_relation,
 )
@@ -26,9 +29,14 @@ _OP_CODE[MessageType.DELETE] = 2
 
 
 def relation_tables(
-    batch: MessageBuffer, rows: CommittedRows, per_txn: TransactionColumns, max_rows: int
+    batch: MessageBuffer,
+    rows: CommittedRows,
+    per_txn: TransactionColumns,
+    max_rows: int,
+    text_columns: Mapping[str, frozenset[str]],
 ) -> list[TableChanges]:
-    """Group the rows by relation version and build each version's table."""
+    """Group the rows by relation version and build each version's table (``text_columns``: see
+    :func:`.arrow.as_text`)."""
     relation_ids = batch.be32(batch.starts[rows.msg] + 1 + rows.prefix) if len(rows.msg) else rows.msg
     combined = (rows.gen << 32) | relation_ids
     unique, first_row, inverse = np.unique(combined, return_index=True, return_inverse=True)
@@ -64,7 +72,7 @@ def relation_tables(
     for group, relation in enumerate(relations):
         selected = order[bounds[group] : bounds[group + 1]]
         raw, first = _relation_rows(batch, relation, rows, selected, truncate_groups.get(group, []), per_txn)
-        relation = table_relation(relation)
+        relation = as_text(table_relation(relation), text_columns)
         built.append((first, TableChanges(relation, build_batches(relation, raw, max_rows))))
     built.sort(key=lambda item: item[0])
     return [table for _, table in built]

@@ -37,6 +37,7 @@ from pyspark.sql.types import StructType
 from airflow_provider_postgres_cdc.errors import ApplyError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats import deletes as deletes_option
 from airflow_provider_postgres_cdc.formats import lake
+from airflow_provider_postgres_cdc.formats.column_transforms import check_recorded
 from airflow_provider_postgres_cdc.formats.deletes import DeleteMode, DeletesOption, mode_for, recorded_mode
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
@@ -199,7 +200,8 @@ class ApplyJob:
         source_columns: str | None = encode_columns(
             [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns if not is_sibling(c.name)]
         )
-        if previous is not None and previous.applied_end_lsn > point:
+        if previous is not None and previous.applied_end_lsn > point:  # replayed as logged: so staged
+            check_recorded(spec.qualified, table.properties(), spec.column_transforms)
             window = (point, previous.applied_end_lsn)
             rows, replayed = replay_changelog(self.tables, spec, rows, window, mode == "soft")
             applied_end, source_columns = previous.applied_end_lsn, previous.source_columns
@@ -208,7 +210,8 @@ class ApplyJob:
         rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
         partition = self.partitions.get(spec.qualified)
         if table is None:
-            self.tables.create(identifier, rows, summary, self.manifest.slot, partition, mode)
+            transforms = spec.column_transforms
+            self.tables.create(identifier, rows, summary, self.manifest.slot, partition, mode, transforms)
         else:
             retired = f"__pgl_before_{int(point):016X}"
             retyped = self.tables.replace_column_types(identifier, table_columns(rows), retired)
@@ -216,7 +219,7 @@ class ApplyJob:
             self.tables.retire_changelog_columns(changelog, retyped, retired)
             self.tables.evolve(identifier, table_columns(rows))
             self.tables.conform_spec(identifier, partition)
-            self.tables.conform_deletes(identifier, mode)
+            self.tables.conform_recorded(identifier, mode, spec.column_transforms)
             current = table.currentSnapshot()  # as read above: a commit since then makes this one fail
             read_snapshot = int(current.snapshotId()) if current is not None else None
             self.tables.overwrite(
@@ -253,6 +256,8 @@ class ApplyJob:
         mode = self._deletes(spec, table)
         if table is not None and mode != recorded_mode(table.properties()):  # only a load may switch
             raise deletes_option.changed_mode_error(spec.qualified, recorded_mode(table.properties()), mode)
+        if table is not None:  # nor the column transforms
+            check_recorded(spec.qualified, table.properties(), spec.column_transforms)
         base = state.base_lsn if state is not None else ZERO
         steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, window.start)
         staged, partition = self._live_changes(spec, window.start), self.partitions.get(spec.qualified)
@@ -277,7 +282,8 @@ class ApplyJob:
             empty = self.spark.createDataFrame([], StructType(columns))
             empty = unmarked(empty) if mode == "soft" else empty
             created = self.summary(ZERO, ZERO, started=begun)
-            self.tables.create(identifier, empty, created, self.manifest.slot, partition, mode)
+            transforms = spec.column_transforms
+            self.tables.create(identifier, empty, created, self.manifest.slot, partition, mode, transforms)
             table = self.tables.java_table(identifier)
         read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
         lake_columns = self.tables.schema(identifier).fieldNames()

@@ -19,14 +19,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import (
-    ByteType,
     DataType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
     StringType,
     StructField,
     StructType,
@@ -34,6 +27,7 @@ from pyspark.sql.types import (
 
 from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats import lake, lake_index
+from airflow_provider_postgres_cdc.formats.column_transforms import TRANSFORMS_PROPERTY
 from airflow_provider_postgres_cdc.formats.deletes import DELETES_PROPERTY, DeleteMode
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
@@ -42,6 +36,7 @@ from airflow_provider_postgres_cdc.spark.changes import OLD
 from airflow_provider_postgres_cdc.spark.lake_failures import root_cause
 from airflow_provider_postgres_cdc.spark.partitioning import conform_spec, drop_columns, partition_clause
 from airflow_provider_postgres_cdc.spark.soft_deletes import conform_mode
+from airflow_provider_postgres_cdc.spark.widening import widened
 
 log = logging.getLogger("postgres_cdc.apply")
 
@@ -58,8 +53,6 @@ _CONFLICTS = (
 )
 # A table, or the namespace it would be in, does not exist (Spark's and Iceberg's names for it).
 _MISSING = ("NoSuchTableException", "TABLE_OR_VIEW_NOT_FOUND", "NoSuchNamespaceException")
-_INTEGRAL: dict[type[DataType], int] = {ByteType: 1, ShortType: 2, IntegerType: 4, LongType: 8}
-_FLOATING: dict[type[DataType], int] = {FloatType: 4, DoubleType: 8}
 
 
 def quote(name: str) -> str:
@@ -76,26 +69,6 @@ def is_conflict(exc: BaseException) -> bool:
     """Whether ``exc`` is Iceberg's optimistic-concurrency failure (redo the table) rather than a bug."""
     text = f"{type(exc).__name__}: {exc}"
     return any(name in text for name in _CONFLICTS)
-
-
-def widened(table_type: DataType, staged: DataType) -> DataType | None:
-    """The type a lake column must take to hold ``staged`` values; None when it already can.
-
-    Raises :class:`ValueError` when no promotion Iceberg allows gets there (int to long, float to
-    double, a larger decimal precision with the same scale; smaller integers are upcast on write).
-    """
-    if table_type == staged:
-        return None
-    for family in (_INTEGRAL, _FLOATING):
-        if type(table_type) not in family or type(staged) not in family:
-            continue
-        if family[type(staged)] <= family[type(table_type)]:
-            return None
-        return LongType() if family is _INTEGRAL else DoubleType()
-    decimals = isinstance(table_type, DecimalType) and isinstance(staged, DecimalType)
-    if decimals and table_type.scale == staged.scale:  # type: ignore[attr-defined]
-        return None if staged.precision <= table_type.precision else staged  # type: ignore[attr-defined]
-    raise ValueError(f"{table_type.simpleString()} cannot hold {staged.simpleString()}")
 
 
 class _Call:
@@ -306,12 +279,14 @@ class IcebergTables:
         slot: str,
         partition: Sequence[PartitionField] | None = None,
         deletes: DeleteMode = "hard",
+        transforms: str = "",
     ) -> None:
         """Create the table with its first rows in one commit (an atomic CREATE TABLE AS SELECT),
-        under the partition spec ``partition`` names (``spark/partitioning.py``; None: unpartitioned)
-        and recording its delete mode (``spark/soft_deletes.py``)."""
+        under the partition spec ``partition`` names (``spark/partitioning.py``; None: unpartitioned),
+        recording its delete mode (``spark/soft_deletes.py``) and column transforms."""
         self.ensure_namespace(identifier[0])
         properties = {**self.table_properties(slot), DELETES_PROPERTY: deletes}
+        properties.update({TRANSFORMS_PROPERTY: transforms} if transforms else {})
         if partition is not None:
             properties[PARTITION_PROPERTY] = spec_text(partition)
         if partition:  # Spark's DataFrame writer has no truncate transform: SQL has them all
@@ -384,9 +359,18 @@ class IcebergTables:
         if partition is not None:
             conform_spec(self._jvm, self.java_table(identifier), partition)
 
-    def conform_deletes(self, identifier: tuple[str, str], mode: DeleteMode) -> None:
-        """Switch a table a load rewrites to ``mode`` (``spark/soft_deletes.py``)."""
+    def conform_recorded(self, identifier: tuple[str, str], mode: DeleteMode, transforms: str) -> None:
+        """Switch a table a load rewrites to delete ``mode`` (``spark/soft_deletes.py``) and record the
+        column ``transforms`` its rows are staged under (``formats/column_transforms.py``)."""
         conform_mode(self._jvm, self.java_table(identifier), mode)
+        table = self.java_table(identifier)
+        if (table.properties().get(TRANSFORMS_PROPERTY) or "") != transforms:
+            update = table.updateProperties()
+            (
+                update.set(TRANSFORMS_PROPERTY, transforms)
+                if transforms
+                else update.remove(TRANSFORMS_PROPERTY)
+            ).commit()
 
     def merge(self, sql: str, summary: Mapping[str, str]) -> None:
         """Run a batch's ``MERGE INTO``, its commit carrying ``summary`` (:meth:`sql_commit`)."""

@@ -11,6 +11,7 @@ from airflow.sdk.definitions.param import ParamsDict
 from airflow.sdk.exceptions import ParamValidationError
 
 from airflow_provider_postgres_cdc import dag_factories, errors
+from airflow_provider_postgres_cdc.errors import ColumnTransformsError
 from airflow_provider_postgres_cdc.task_groups import from_params
 
 STAGING = "s3://bucket/staging"
@@ -155,6 +156,7 @@ def test_catch_up_is_a_param_of_the_cdc_dag_and_can_be_left_out() -> None:
 def test_every_dag_creating_lake_tables_takes_the_partition_param(
     factory: Callable[..., DAG], task_id: str
 ) -> None:
+    from airflow_provider_postgres_cdc.formats.column_transforms import parse_column_transforms
     from airflow_provider_postgres_cdc.formats.deletes import parse_deletes
     from airflow_provider_postgres_cdc.formats.partitioning import parse_partition_by
 
@@ -172,10 +174,20 @@ def test_every_dag_creating_lake_tables_takes_the_partition_param(
         context = {"params": {**params, "deletes": deletes}}
         rendered = task.render_template(task.deletes, context, dag.get_template_env())
         assert parse_deletes(rendered) == deletes
+    # The drain (or the snapshot) takes the column transforms, as a run's conf gives them.
+    staging_task = dag.get_task(task_id.rsplit(".", 1)[0] + (".drain" if "apply" in task_id else ".snapshot"))
+    assert params["column_transforms"] == {}
+    transforms = {"public.customers": {"email": "hash", "ssn": "drop"}}
+    context = {"params": {**params, "column_transforms": transforms}}
+    rendered = task.render_template(staging_task.column_transforms, context, dag.get_template_env())
+    assert parse_column_transforms(rendered) == transforms
+    assert staging_task.hash_key_conn_id == "postgres_cdc_hash_key"
     assert (
         "partition_by"
         not in ParamsDict(dag_factories.lake_maintenance_dag(staging=STAGING).params).validate()
     )
+    with pytest.raises(ColumnTransformsError, match=r"must be 'hash' or 'drop', not 'mask'"):
+        factory(staging=STAGING, column_transforms={"public.customers": {"email": "mask"}})
 
 
 def test_a_bad_partition_option_fails_in_the_factory() -> None:

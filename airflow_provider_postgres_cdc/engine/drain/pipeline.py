@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
+from airflow_provider_postgres_cdc.engine.column_hashing import ColumnTransformer
 from airflow_provider_postgres_cdc.engine.drain.settings import DrainSettings
 from airflow_provider_postgres_cdc.engine.drain.stager import BatchStager
 from airflow_provider_postgres_cdc.engine.sequencing import MemoryBudget, Piece, Sequencer
@@ -104,7 +105,8 @@ class _DecodeStage:
     Each piece is prepared in order on the caller's thread (cheap: the control messages and the
     relation cache), typed on ``workers`` threads at once (numpy and pyarrow release the GIL for
     most of it, so two pieces type in parallel on two cores), then staged in order on one more
-    thread that owns the Parquet writers. At most ``depth`` pieces are in flight, which bounds
+    thread that owns the Parquet writers (after ``transforms``, so the Parquet files never see a
+    clear value of a hashed or dropped column). At most ``depth`` pieces are in flight, which bounds
     memory.
     """
 
@@ -113,10 +115,12 @@ class _DecodeStage:
         decoder: BatchDecoder,
         stager: BatchStager,
         progress: _Progress,
+        transforms: ColumnTransformer | None = None,
         workers: int = 2,
         depth: int = 3,
     ) -> None:
         self.decoder = decoder
+        self.transforms = transforms
         self.stager = stager
         self.progress = progress
         self.typing = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="drain-type")
@@ -149,7 +153,7 @@ class _DecodeStage:
     def _stage(self, built: Future[DecodedBatch], commits: int) -> None:
         decoded = built.result()
         for table in decoded.tables:
-            self.stager.add(table)
+            self.stager.add(table if self.transforms is None else self.transforms.changes(table))
         self.progress.update(decoded, commits)
 
     def finish(self) -> None:
@@ -167,9 +171,15 @@ def read_and_stage(
     """Stage the window's committed transactions piece by piece; returns the read result and
     the end LSN of the last transaction staged."""
     # The sequencer hands over protocol 1; a SQL_ASCII database's text comes as stored (raw_text.py).
-    decoder = BatchDecoder(1, max_rows=settings.max_rows_per_batch, raw_text=stores_raw_text(conn))
+    transforms = settings.transforms
+    decoder = BatchDecoder(
+        1,
+        max_rows=settings.max_rows_per_batch,
+        raw_text=stores_raw_text(conn),
+        text_columns=None if transforms is None else transforms.text_columns(),
+    )
     progress = _Progress(settings.slot, settings.progress_seconds)
-    stage = _DecodeStage(decoder, stager, progress)
+    stage = _DecodeStage(decoder, stager, progress, transforms)
     sequencer = Sequencer(MemoryBudget(settings.max_memory_bytes), settings.spill_dir)
     result = ReadResult()
     try:

@@ -55,6 +55,8 @@ def _check_slot(conn: Any, settings: DrainSettings) -> SlotInfo:
     publications = describe_publications(conn, settings.publications)  # raises PublicationNotFoundError
     if settings.lake is not None:  # a table the lake cannot name stops here, before anything is staged
         settings.lake.check_names((t.schema, t.table) for p in publications for t in p.tables)
+    if settings.transforms is not None:  # so is a transform of a column that is not published
+        settings.transforms.check_published((t.qualified, t.columns) for p in publications for t in p.tables)
     return slot
 
 
@@ -126,7 +128,7 @@ def drain_batch(params: ConnParams, settings: DrainSettings) -> DrainResult:
         stager = BatchStager(location, batch_dir)
         try:
             result, decoded_end = read_and_stage(params, conn, settings, start, bound, stager)
-            tables = record_catalog_facts(conn, location, batch_dir, stager.close())
+            tables = record_catalog_facts(conn, location, batch_dir, stager.close(), settings.transforms)
             if slot.in_recovery:
                 check_not_promoted(conn, settings.slot, start)
         except BaseException:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airflow_provider_postgres_cdc.engine.choices import Transport
+from airflow_provider_postgres_cdc.engine.column_hashing import ColumnTransformer
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.sequencing import DEFAULT_MAX_MEMORY_BYTES
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
@@ -43,6 +44,8 @@ class DrainSettings:
         environment chain); the store is checked before the slot is read.
     :param lake: the lake the batch is for: every published table's lake names are checked against
         its name rule (:meth:`LakeConfig.check_names`) before anything is staged; None checks nothing.
+    :param transforms: columns hashed or dropped before anything of them is staged
+        (``engine/column_hashing.py``); their names are checked against the publications first.
     """
 
     slot: str
@@ -60,6 +63,7 @@ class DrainSettings:
     progress_seconds: float = 5.0
     staging_options: S3Options | None = None
     lake: LakeConfig | None = None
+    transforms: ColumnTransformer | None = None
 
     def __post_init__(self) -> None:
         if self.max_memory_bytes < MIN_MEMORY_BYTES:

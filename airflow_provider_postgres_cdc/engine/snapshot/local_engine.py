@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg2
 import psycopg2.errors
+import pyarrow as pa
 from psycopg2 import sql
 
 from airflow_provider_postgres_cdc.engine.snapshot.copy_text import typed_batches
@@ -89,6 +90,9 @@ class _TableState:
 ProgressReport = Callable[[str, CopyCounters, float], None]
 """Called with the phase, the counters and the seconds since the copy started."""
 
+BatchTransform = Callable[[TablePlan, pa.RecordBatch], pa.RecordBatch]
+"""Applied to every record batch before it is written (``engine/column_hashing.py``)."""
+
 
 class LocalCopy:
     """Worker threads, each with one connection that imports the snapshot again for every range it copies.
@@ -112,8 +116,10 @@ class LocalCopy:
         progress_interval: float,
         report: ProgressReport,
         check_holder: Callable[[], None],
+        transform: BatchTransform | None = None,
     ) -> None:
         self.conn_params = conn_params
+        self.transform = transform
         self.snapshot_name = snapshot_name
         self.plans = plans
         self.location = location
@@ -223,7 +229,7 @@ class LocalCopy:
                 for batch in typed_batches(stream, plan, self.batch_bytes, self.max_memory_bytes, raw_text):
                     if self.cancelled.is_set():
                         raise _CancelledError
-                    writer.write(batch)
+                    writer.write(batch if self.transform is None else self.transform(plan, batch))
                     self.counters.add(rows=batch.num_rows)
             # Every table keeps at least one file (its schema); other empty ranges leave none.
             writer.close(keep_empty=task.index == 0)

@@ -16,7 +16,7 @@ import posixpath
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_postgres_cdc.engine.choices import SLOT_MODES, SlotMode
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
@@ -45,10 +45,11 @@ from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import (
 )
 from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import collect_staged, spark_job_spec
 from airflow_provider_postgres_cdc.engine.staging import DEFAULT_MAX_FILE_BYTES, StagingLocation
+from airflow_provider_postgres_cdc.errors import ColumnTransformsError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.layout import MANIFEST_NAME, SNAPSHOT_PREFIX, snapshot_batch_id
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.formats.manifest import Manifest, ManifestStats
+from airflow_provider_postgres_cdc.formats.manifest import Manifest, ManifestStats, TableManifest
 from airflow_provider_postgres_cdc.replication import connect, connect_replication
 from airflow_provider_postgres_cdc.replication.connection import ConnParams
 from airflow_provider_postgres_cdc.replication.publications import published_tables
@@ -58,6 +59,9 @@ from airflow_provider_postgres_cdc.replication.slots import (
     create_slot_with_snapshot,
     validate_slot_name,
 )
+
+if TYPE_CHECKING:  # it imports the snapshot plan: at run time, the caller's import
+    from airflow_provider_postgres_cdc.engine.column_hashing import ColumnTransformer
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +123,9 @@ class SnapshotRun:
     :param staging_options: endpoint and credentials of an ``s3://`` staging store.
     :param lake: the lake the copy is for: every published table's lake names are checked against
         its name rule (:meth:`LakeConfig.check_names`) before a slot exists; None checks nothing.
+    :param transforms: columns hashed or dropped before anything of them is staged
+        (``engine/column_hashing.py``; the local engine only); their names are checked against the
+        publications before a slot exists.
     """
 
     def __init__(
@@ -139,6 +146,7 @@ class SnapshotRun:
         on_progress: ProgressCallback | None = None,
         staging_options: S3Options | None = None,
         lake: LakeConfig | None = None,
+        transforms: ColumnTransformer | None = None,
     ) -> None:
         if not publications:
             raise ValueError("at least one publication is required")
@@ -158,6 +166,7 @@ class SnapshotRun:
         self.progress_interval = progress_interval
         self.on_progress = on_progress
         self.lake = lake
+        self.transforms = transforms
         self.created: CreatedSlot | None = None
         self.plan: list[TablePlan] = []
         self.database = ""
@@ -209,9 +218,12 @@ class SnapshotRun:
         self.database = self._catalog.get_dsn_parameters().get("dbname", "")
         # Fail on bad publications/tables before a slot exists; the snapshot re-reads them below.
         published_subset(self._catalog, self.publications, self.tables)
-        if self.lake is not None:  # every published table, the ones not copied now too
+        if self.lake is not None or self.transforms is not None:
             published = published_tables(self._catalog, self.publications)
-            self.lake.check_names((table.schema, table.table) for table in published)
+            if self.lake is not None:  # every published table, the ones not copied now too
+                self.lake.check_names((table.schema, table.table) for table in published)
+            if self.transforms is not None:
+                self.transforms.check_published((table.qualified, table.columns) for table in published)
         prepare_slot(self._catalog, self.slot, self.slot_mode, recreate_slot=self.recreate_slot)
         self._holder = connect_replication(self.conn_params, options=SNAPSHOT_HOLDER_OPTIONS)
         self._holder_pid = self._holder.get_backend_pid()
@@ -241,6 +253,8 @@ class SnapshotRun:
             range_bytes=self.range_bytes,
             min_range_bytes=self.min_range_bytes,
         )
+        if self.transforms is not None:  # hashed columns copied as text, dropped ones not copied
+            self.plan = [self.transforms.plan(plan) for plan in self.plan]
         for plan in self.plan:
             for warning in plan.warnings:
                 log.warning("%s", warning)
@@ -304,6 +318,7 @@ class SnapshotRun:
             progress_interval=self.progress_interval,
             report=self._report,
             check_holder=self.check_holder,
+            transform=None if self.transforms is None else self.transforms.snapshot_batch,
         ).execute()
         self.check_holder()
         return copies
@@ -314,6 +329,11 @@ class SnapshotRun:
         ``jdbc_properties`` must not contain the password: the job takes it from the environment
         (see :func:`jdbc_connection`).
         """
+        if self.transforms is not None and self.transforms.text_columns():
+            raise ColumnTransformsError(
+                "column_transforms are applied by the local copy engine only: the Spark engine would "
+                "stage the clear values. Run the snapshot with engine='local'; nothing was staged"
+            )
         return spark_job_spec(
             self.plan,
             self._catalog,
@@ -348,7 +368,9 @@ class SnapshotRun:
             end_lsn=self.consistent_point,
             snapshot_name=self.snapshot_name,
             snapshot_slot=self.created.slot_name if self.created else None,
-            tables=tuple(copy.plan.manifest(copy.rows, copy.files, copy.fields) for copy in copies),
+            tables=tuple(
+                self._recorded(copy.plan.manifest(copy.rows, copy.files, copy.fields)) for copy in copies
+            ),
             stats=ManifestStats(bytes=sum(copy.bytes for copy in copies), seconds=round(seconds, 3)),
         )
         path = self.location.write_manifest(self.batch_dir, manifest)
@@ -359,6 +381,9 @@ class SnapshotRun:
         )  # fmt: skip
         self.close()
         return path, manifest
+
+    def _recorded(self, spec: TableManifest) -> TableManifest:
+        return spec if self.transforms is None else self.transforms.recorded(spec)
 
     def close(self) -> None:
         """Release the exported snapshot and the catalog connection.

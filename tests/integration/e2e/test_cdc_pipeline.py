@@ -2,15 +2,17 @@
 
 Real PostgreSQL, real ``airflow dags test`` on the example DAGs, real ``spark-submit`` in local
 mode, two lake tables partitioned and two keeping deleted rows (read as documented: the marked
-rows left out). The initial snapshot's DAG run is SIGKILLed with its worker during its copy, then
-during its load, and simply run again. The CDC crash is produced by running the pipeline's own
-steps partway, exactly as a killed worker leaves them: a batch applied but not acknowledged. The
-next run must converge, with every change in the changelog once. (A batch applied to some tables
-only is the crash of test_rest_lake.py, the same pipeline on a REST catalog and S3.)
+rows left out), and customers' personal columns hashed or dropped before staging. The initial
+snapshot's DAG run is SIGKILLed with its worker during its copy, then during its load, and simply
+run again. The CDC crash is produced by running the pipeline's own steps partway, exactly as a
+killed worker leaves them: a batch applied but not acknowledged. The next run must converge, with
+every change in the changelog once. (A batch applied to some tables only is the crash of
+test_rest_lake.py, the same pipeline on a REST catalog and S3.)
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 from psycopg2 import sql
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
+from airflow_provider_postgres_cdc.engine.column_hashing import ColumnTransformer
 from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
 from airflow_provider_postgres_cdc.engine.lake_catalog import latest_cut, open_catalog
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
@@ -38,6 +41,9 @@ SLOT = "shop_cdc"
 # Two lake tables partitioned and two keeping deleted rows, through the DAGs' params (docs/LAKE.md).
 PARTITION_BY = {"public.orders": ["days(placed_at)"], "public.order_items": ["bucket(4, order_id)"]}
 SOFT = {"public.orders": "soft", "public.carts": "soft"}  # the shop deletes orders and truncates carts
+# Customers' personal data hashed or dropped before staging, under the key of a connection.
+TRANSFORMS = {"public.customers": {"email": "hash", "tags": "hash", "name": "drop"}}
+HASH_KEY = "e2e-hash-key-of-the-shop-0123456789"
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
 
@@ -51,8 +57,16 @@ def test_snapshot_batches_and_crashes_end_equal(
     shop.initial_load()
     staging = tmp_path / "staging"
     lake, lake_conn = make_lake(tmp_path / "lake")
-    sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
+    key_conn = json.dumps({"conn_type": "generic", "password": HASH_KEY})
+    sandbox = pipeline_sandbox(
+        tmp_path / "airflow",
+        pg_cluster.uri(pg_dbname),
+        lake_conn,
+        connections={"postgres_cdc_hash_key": key_conn},
+    )
     conf = {**pipeline_conf(SLOT, staging), "partition_by": PARTITION_BY, "deletes": SOFT}
+    conf["column_transforms"] = TRANSFORMS
+    transforms = ColumnTransformer(TRANSFORMS, HASH_KEY.encode())
     kill_the_initial_snapshot_twice(pg_cluster, sandbox, conf, lake, staging)
     sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()  # the user's re-run: no other step
 
@@ -61,7 +75,7 @@ def test_snapshot_batches_and_crashes_end_equal(
 
     # The crash: applied everywhere, killed before the ack; more changes arrive meanwhile.
     shop.step()
-    batch = drain_batch(dsn, DrainSettings(SLOT, (PUBLICATION,), str(staging)))
+    batch = drain_batch(dsn, DrainSettings(SLOT, (PUBLICATION,), str(staging), transforms=transforms))
     spark_apply(batch.manifest_uri, lake)
     conn = connect(dsn)
     assert describe_slot(conn, SLOT).confirmed_flush_lsn == batch.manifest.start_lsn  # not acked
@@ -71,7 +85,7 @@ def test_snapshot_batches_and_crashes_end_equal(
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()  # the changes that came meanwhile
     conn.close()
 
-    results = compare_tables(dsn, [PUBLICATION], lake)
+    results = compare_tables(dsn, [PUBLICATION], lake, transforms=transforms)
     assert all(r.equal for r in results), format_report(results)
     assert {r.table for r in results} == set(TABLES)
     assert_changelog_exactly_once(lake, staging)
@@ -81,6 +95,9 @@ def test_snapshot_batches_and_crashes_end_equal(
         schema = loaded.schema()
         spec = [f"{f.transform}({schema.find_column_name(f.source_id)})" for f in loaded.spec().fields]
         assert spec == [f.replace("days", "day").replace("bucket(4, ", "bucket[4](") for f in fields]
+    customers = catalog.load_table(lake.identifier("public", "customers")).scan().to_arrow()
+    assert "name" not in customers.column_names  # dropped; hashed: 64 hex digits (compare_tables: the HMAC)
+    assert {len(email) for email in customers.column("email").to_pylist()} == {64}
     for table in SOFT:  # compare_tables read the live rows; the deleted ones are there, marked
         marked = catalog.load_table(lake.identifier(*table.split(".", 1))).scan(
             row_filter="_pgl_deleted_lsn IS NOT NULL"
@@ -104,7 +121,7 @@ def test_snapshot_batches_and_crashes_end_equal(
     assert not [p for p in (staging / SLOT).iterdir() if p.name.startswith("batch-")]
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
-    results = compare_tables(dsn, [PUBLICATION], lake)
+    results = compare_tables(dsn, [PUBLICATION], lake, transforms=transforms)
     assert all(r.equal for r in results), format_report(results)
 
 

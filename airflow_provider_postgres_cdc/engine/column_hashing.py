@@ -1,0 +1,190 @@
+"""Column transforms applied to what the drain and the snapshot copy stage (``formats/column_transforms.py``).
+
+A hashed column reaches this step as its PostgreSQL text form: the drain's decoder and the snapshot
+plan type it as ``text`` (:meth:`ColumnTransformer.text_columns`, :meth:`ColumnTransformer.plan`),
+so the same value gives the same text, and so the same HMAC, in a snapshot and in every batch. A
+dropped column is left out of the snapshot's ``SELECT`` and cut from each decoded change before it
+is staged. Either way the clear value exists only in the memory of the process that read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_postgres_cdc.engine.snapshot.plan import TablePlan
+from airflow_provider_postgres_cdc.errors import ColumnTransformsError
+from airflow_provider_postgres_cdc.formats.column_transforms import (
+    ColumnTransforms,
+    Transform,
+    check_keys,
+    check_published,
+    hashes_anything,
+    key_id,
+    recorded_text,
+)
+from airflow_provider_postgres_cdc.formats.manifest import TableManifest, sibling_name
+from airflow_provider_postgres_cdc.formats.pgtypes import TEXT_OID
+from airflow_provider_postgres_cdc.formats.schema_changes import ColumnFacts
+from airflow_provider_postgres_cdc.pgoutput.arrow import TableChanges
+
+_OLD = "_pgl_old"
+_UNCHANGED = "_pgl_unchanged"
+
+
+class ColumnTransformer:
+    """One run's ``column_transforms`` and hash key; the key stays out of every repr and message."""
+
+    def __init__(self, transforms: ColumnTransforms, key: bytes | None = None) -> None:
+        if hashes_anything(transforms) and not key:
+            raise ColumnTransformsError(
+                "column_transforms hashes columns but no hash key was given: create an Airflow connection "
+                "whose password is the secret key (at least 16 random bytes) and pass its id as "
+                "hash_key_conn_id; nothing was staged"
+            )
+        self._transforms = transforms
+        self._key = key or b""
+        self.key_id = key_id(key) if key else None
+
+    def __repr__(self) -> str:
+        return f"ColumnTransformer(tables={sorted(self._transforms)}, key_id={self.key_id})"
+
+    def columns(self, qualified: str) -> dict[str, Transform]:
+        return self._transforms.get(qualified, {})
+
+    def text_columns(self) -> dict[str, frozenset[str]]:
+        """The hashed columns by ``schema.table``: the decoder stages them as their text form."""
+        return {
+            table: frozenset(n for n, t in columns.items() if t == "hash")
+            for table, columns in self._transforms.items()
+        }
+
+    def check_published(self, published: Iterable[tuple[str, Iterable[str]]]) -> None:
+        check_published(self._transforms, published)
+
+    def recorded(self, spec: TableManifest) -> TableManifest:
+        """``spec`` with what its staged values were transformed by."""
+        return dataclasses.replace(
+            spec, column_transforms=recorded_text(self.columns(spec.qualified), self.key_id)
+        )
+
+    def hash_values(self, values: pa.Array) -> pa.Array:
+        """The lowercase hex HMAC-SHA256 of each text (or, from a SQL_ASCII database, byte) value."""
+        key = self._key
+        return pa.array(
+            [
+                None
+                if value is None
+                else hmac.digest(key, value.encode() if isinstance(value, str) else value, "sha256").hex()
+                for value in values.to_pylist()
+            ],
+            pa.string(),
+        )
+
+    # ------------------------------------------------------------------------------ the drain
+
+    def changes(self, changes: TableChanges) -> TableChanges:
+        """One relation version's decoded changes, transformed (its hashed columns already text)."""
+        relation = changes.relation
+        qualified = f"{relation.namespace}.{relation.name}"
+        columns = self.columns(qualified)
+        if not columns:
+            return changes
+        check_keys(qualified, columns, [c.name for c in relation.columns if c.is_key])
+        dropped = {name for name, t in columns.items() if t == "drop"}
+        hashed = {name for name, t in columns.items() if t == "hash"}
+        gone = dropped | {sibling_name(name) for name in dropped}
+        kept = tuple(c for c in relation.columns if c.name not in dropped)
+        return TableChanges(
+            dataclasses.replace(relation, columns=kept),
+            [self._change_batch(batch, hashed, gone) for batch in changes.batches],
+        )
+
+    def _change_batch(self, batch: pa.RecordBatch, hashed: set[str], gone: set[str]) -> pa.RecordBatch:
+        fields, arrays = [], []
+        for field, array in zip(batch.schema, batch.columns, strict=True):
+            if field.name in gone:
+                continue
+            if field.name in hashed:
+                array = self.hash_values(array)
+            elif field.name == _OLD:
+                array = self._old_tuples(array, hashed, gone)
+                field = field.with_type(array.type)
+            elif field.name == _UNCHANGED:
+                array = _without_names(array, gone)
+            fields.append(field.with_type(array.type))
+            arrays.append(array)
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=batch.schema.metadata))
+
+    def _old_tuples(self, old: pa.StructArray, hashed: set[str], gone: set[str]) -> pa.StructArray:
+        fields, children = [], []
+        for field, child in zip(old.type, old.flatten(), strict=True):
+            if field.name in gone:
+                continue
+            if field.name in hashed:
+                child = self.hash_values(child)
+            fields.append(field.with_type(child.type))
+            children.append(child)
+        return pa.StructArray.from_arrays(children, fields=fields, mask=old.is_null())
+
+    # ------------------------------------------------------------------------ the snapshot copy
+
+    def plan(self, plan: TablePlan) -> TablePlan:
+        """The plan copying hashed columns as text and leaving dropped ones out of its ``SELECT``."""
+        columns = self.columns(plan.qualified)
+        if not columns:
+            return plan
+        check_keys(plan.qualified, columns, plan.key_columns)
+        kept = tuple(
+            dataclasses.replace(c, type_oid=TEXT_OID, typmod=-1) if columns.get(c.name) == "hash" else c
+            for c in plan.columns
+            if columns.get(c.name) != "drop"
+        )
+        return dataclasses.replace(plan, columns=kept)
+
+    def snapshot_batch(self, plan: TablePlan, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A copied record batch with its hashed columns (typed as text by :meth:`plan`) hashed."""
+        hashed = {name for name, t in self.columns(plan.qualified).items() if t == "hash"}
+        if not hashed:
+            return batch
+        arrays = [
+            self.hash_values(a) if f.name in hashed else a
+            for f, a in zip(batch.schema, batch.columns, strict=True)
+        ]
+        fields = [f.with_type(a.type) for f, a in zip(batch.schema, arrays, strict=True)]
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=batch.schema.metadata))
+
+    # ---------------------------------------------------------------------- the catalog facts
+
+    def facts(self, qualified: str, facts: Mapping[str, ColumnFacts]) -> dict[str, ColumnFacts]:
+        """A table's catalog facts without dropped columns, a hashed column's missing value hashed."""
+        columns = self.columns(qualified)
+        out = {}
+        for name, column in facts.items():
+            if columns.get(name) == "drop":
+                continue
+            if columns.get(name) == "hash" and column.missing is not None:
+                column = dataclasses.replace(
+                    column, missing=self.hash_values(pa.array([column.missing]))[0].as_py()
+                )
+            out[name] = column
+        return out
+
+
+def _without_names(lists: pa.ListArray, names: set[str]) -> pa.ListArray:
+    """Each list of column names without ``names`` (the unchanged-TOAST lists of dropped columns)."""
+    flat = lists.flatten()
+    if not names or not len(flat):
+        return lists
+    keep = pc.invert(pc.is_in(flat, value_set=pa.array(sorted(names), pa.string()))).to_numpy(
+        zero_copy_only=False
+    )
+    parents = pc.list_parent_indices(lists).to_numpy()
+    counts = np.bincount(parents[keep], minlength=len(lists))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat.filter(pa.array(keep)), type=lists.type)
