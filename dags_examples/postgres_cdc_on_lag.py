@@ -26,6 +26,10 @@ variable                                  default                        meaning
 ``POSTGRES_CDC_ON_LAG_SPARK_CONN_ID``     ``spark_default``              Spark connection
 ========================================  =============================  ====================================
 
+The lake tables' options (``partition_by``, ``deletes``, ``column_transforms``) are DAG params
+too, empty here: set their defaults in this file to the values the other DAGs of the pipeline
+run with (a batch staged or applied under other options than its tables' is refused).
+
 Set ``POSTGRES_CDC_ON_LAG_MIN_LAG_AGE`` to an empty string to fire on bytes only (or
 ``..._MIN_LAG_BYTES`` to fire on age only). The last three only set the defaults of the DAG's
 params, which a manual run may override; a manual run must not name another slot.
@@ -46,6 +50,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Asset, AssetWatcher, Param
 
+from airflow_provider_postgres_cdc.dag_factories import TABLE_OPTIONS, table_params
 from airflow_provider_postgres_cdc.task_groups import cdc_microbatch_task_group, pipeline_params
 from airflow_provider_postgres_cdc.triggers.slot_lag_event import PostgresCdcSlotLagEventTrigger
 
@@ -94,6 +99,8 @@ with DAG(
         lake_conn_id=Param(_setting("LAKE_CONN_ID", "postgres_cdc_lake_default"), type="string"),
         spark_conn_id=Param(_setting("SPARK_CONN_ID", "spark_default"), type="string"),
         max_messages=Param(1_000_000, type="integer", minimum=1),
+        # The lake tables' options (docs/LAKE.md): give them the CDC and snapshot DAGs' values.
+        **table_params(partition_by={}, deletes={}, column_transforms={}),
     ),
     tags=["postgres-cdc", "cdc"],
     doc_md=__doc__,
@@ -107,4 +114,5 @@ with DAG(
         postgres_conn_id="{{ params.postgres_conn_id }}",
         spark_conn_id="{{ params.spark_conn_id }}",
         max_messages="{{ params.max_messages }}",
+        **TABLE_OPTIONS,
     )

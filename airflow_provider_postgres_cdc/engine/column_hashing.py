@@ -54,6 +54,10 @@ class ColumnTransformer:
     def __repr__(self) -> str:
         return f"ColumnTransformer(tables={sorted(self._transforms)}, key_id={self.key_id})"
 
+    @property
+    def transforms(self) -> ColumnTransforms:
+        return self._transforms
+
     def columns(self, qualified: str) -> dict[str, Transform]:
         return self._transforms.get(qualified, {})
 

@@ -70,6 +70,16 @@ def hashes_anything(transforms: ColumnTransforms) -> bool:
     return any(t == "hash" for columns in transforms.values() for t in columns.values())
 
 
+def check_copy_engine(transforms: ColumnTransforms, copy_engine: str) -> None:
+    """Refuse hashing in a snapshot the Spark engine copies: it would stage the clear values (it
+    writes what JDBC reads; dropping works, as the plan never selects a dropped column)."""
+    if copy_engine == "spark" and hashes_anything(transforms):
+        raise ColumnTransformsError(
+            "column_transforms hashes columns in the local copy engine only: the Spark engine would stage "
+            "their clear values. Run the snapshot with copy_engine='local'; nothing was staged"
+        )
+
+
 def key_id(key: bytes) -> str:
     """A short public identifier of a hash key (an HMAC of a fixed text): a lake table records it,
     so that a batch hashed under another key is refused rather than breaking joins silently."""

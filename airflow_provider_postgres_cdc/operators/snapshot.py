@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_provider_postgres_cdc.engine.choices import COPY_ENGINES, SLOT_MODES, CopyEngine, SlotMode
 from airflow_provider_postgres_cdc.errors import SlotExistsError
-from airflow_provider_postgres_cdc.formats.column_transforms import parse_column_transforms
+from airflow_provider_postgres_cdc.formats.column_transforms import check_copy_engine, parse_column_transforms
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.hash_key import column_transformer
@@ -149,8 +149,9 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         hash_key_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if not is_template(column_transforms):
-            parse_column_transforms(column_transforms)  # a malformed option fails the DAG's import
+        if not is_template(column_transforms) and not is_template(copy_engine):
+            # A malformed option, or hashing in the Spark engine, fails the DAG's import.
+            check_copy_engine(parse_column_transforms(column_transforms), copy_engine)
         check_staging(staging)
         check_choice("copy_engine", copy_engine, COPY_ENGINES)
         check_choice("slot_mode", slot_mode, SLOT_MODES)
@@ -184,6 +185,7 @@ class PostgresCdcSnapshotOperator(BaseOperator):
         check_staging(self.staging)
         check_choice("copy_engine", self.copy_engine, COPY_ENGINES)
         check_choice("slot_mode", self.slot_mode, SLOT_MODES)
+        check_copy_engine(parse_column_transforms(self.column_transforms), self.copy_engine)
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
         params = self._get_hook().connection_params()
         try:

@@ -45,7 +45,7 @@ from airflow_provider_postgres_cdc.engine.snapshot.slot_modes import (
 )
 from airflow_provider_postgres_cdc.engine.snapshot.spark_engine import collect_staged, spark_job_spec
 from airflow_provider_postgres_cdc.engine.staging import DEFAULT_MAX_FILE_BYTES, StagingLocation
-from airflow_provider_postgres_cdc.errors import ColumnTransformsError
+from airflow_provider_postgres_cdc.formats.column_transforms import check_copy_engine
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.layout import MANIFEST_NAME, SNAPSHOT_PREFIX, snapshot_batch_id
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
@@ -329,11 +329,8 @@ class SnapshotRun:
         ``jdbc_properties`` must not contain the password: the job takes it from the environment
         (see :func:`jdbc_connection`).
         """
-        if self.transforms is not None and self.transforms.text_columns():
-            raise ColumnTransformsError(
-                "column_transforms are applied by the local copy engine only: the Spark engine would "
-                "stage the clear values. Run the snapshot with engine='local'; nothing was staged"
-            )
+        if self.transforms is not None:
+            check_copy_engine(self.transforms.transforms, "spark")
         return spark_job_spec(
             self.plan,
             self._catalog,

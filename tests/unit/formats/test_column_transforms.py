@@ -9,6 +9,7 @@ import pytest
 from airflow_provider_postgres_cdc.errors import ColumnTransformsError
 from airflow_provider_postgres_cdc.formats.column_transforms import (
     TRANSFORMS_PROPERTY,
+    check_copy_engine,
     check_keys,
     check_published,
     check_recorded,
@@ -55,6 +56,13 @@ def test_the_recorded_text_is_canonical_and_names_the_key_only_when_hashing() ->
     assert json.loads(recorded_text({"ssn": "drop"}, "k1"))["key_id"] is None  # no key in play
     assert recorded_text({}, "k1") == recorded_text(None, None) == ""
     assert hashes_anything(OPTION) and not hashes_anything({"public.t": {"c": "drop"}})
+
+
+def test_only_the_local_copy_engine_hashes() -> None:
+    check_copy_engine(OPTION, "local")
+    check_copy_engine({"public.customers": {"ssn": "drop"}}, "spark")  # the plan never selects it
+    with pytest.raises(ColumnTransformsError, match="Run the snapshot with copy_engine='local'"):
+        check_copy_engine(OPTION, "spark")
 
 
 def test_the_key_identifier_tells_keys_apart_and_does_not_contain_the_key() -> None:

@@ -67,6 +67,12 @@ CASES = [
         {"slot_name": "s", "skip": ["rewrite", "vacuum"]},
         "skip must be one of 'rewrite', 'tags', 'expire', 'orphans', not 'vacuum'",
     ),
+    (Drain, {**SLOT, "column_transforms": {"public.c": {"e": "mask"}}}, r"\['e'\] must be 'hash' or 'drop'"),
+    (
+        Snapshot,
+        {**SLOT, "copy_engine": "spark", "column_transforms": {"public.c": {"e": "hash"}}},
+        "hashes columns in the local copy engine only: the Spark engine would stage their clear values",
+    ),
     (Drain, {**SLOT, "staging": ""}, NO_STAGING),
     (Snapshot, {**SLOT, "staging": None}, NO_STAGING),
     (Retention, {"slot_name": "s", "staging": " "}, NO_STAGING),
