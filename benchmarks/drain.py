@@ -9,7 +9,11 @@ It prints both ratios (docs/PERFORMANCE.md has the ranges measured so far). The 
 materialises the whole window on the server before its first row leaves, so the client's work
 after that adds to the server's time one for one.
 
-    .venv/bin/python benchmarks/drain.py [--changes 1000000] [--transport peek|stream]
+``--hash name [at ...]`` drains the same window a second time with those columns hashed
+(``column_transforms``) and prints that drain's time against the plain one: what hashing costs.
+``name`` is distinct per row, ``at`` mostly too, ``doc`` repeats.
+
+    .venv/bin/python benchmarks/drain.py [--changes 1000000] [--transport peek|stream] [--hash name]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import subprocess
 import tempfile
 import time
 
+from airflow_provider_postgres_cdc.engine.column_hashing import ColumnTransformer
 from airflow_provider_postgres_cdc.engine.drain import DrainSettings, drain_batch
 from airflow_provider_postgres_cdc.replication import connect, create_slot
 from airflow_provider_postgres_cdc.testing import PostgresCluster
@@ -57,6 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--changes", type=int, default=1_000_000)
     parser.add_argument("--transport", choices=("peek", "stream"), default="peek")
+    parser.add_argument("--hash", nargs="+", default=[], choices=("name", "at", "amount", "doc"))
     args = parser.parse_args()
     settings = {"shared_buffers": "512MB", "max_wal_size": "4GB", "logical_decoding_work_mem": "256MB"}
     with PostgresCluster(settings) as cluster:
@@ -86,20 +92,24 @@ def main() -> None:
                 check=True,
             )  # fmt: skip
 
-        staging = tempfile.mkdtemp(prefix="postgres-cdc-bench-")
-
-        def drain() -> None:
-            result = drain_batch(
-                cluster.dsn(),
-                DrainSettings(
-                    "bench_slot", ("bench_pub",), staging, transport=args.transport, max_messages=None
-                ),
-            )
+        def drain(transforms: ColumnTransformer | None = None) -> None:
+            staging = tempfile.mkdtemp(prefix="postgres-cdc-bench-")  # each drain stages the window anew
+            settings = DrainSettings(
+                "bench_slot", ("bench_pub",), staging, transport=args.transport, max_messages=None,
+                transforms=transforms,
+            )  # fmt: skip
+            result = drain_batch(cluster.dsn(), settings)
             print(f"  staged {result.manifest.stats.changes:,} changes, end {result.manifest.end_lsn}")
 
         peek_s = timed("SQL peek count (server decoding only)", peek_count)
         recv_s = timed("pg_recvlogical to /dev/null", recvlogical)
         drain_s = timed(f"drain to Parquet ({args.transport})", drain)
+        hashing = ColumnTransformer(
+            {"public.bench": dict.fromkeys(args.hash, "hash")}, b"benchmark-key-0123456789"
+        )
+        hashed_s = (
+            timed(f"drain hashing {', '.join(args.hash)}", lambda: drain(hashing)) if args.hash else 0.0
+        )
         conn.close()
     print()
     print(f"peek count      {n / peek_s:12,.0f} changes/s")
@@ -107,6 +117,8 @@ def main() -> None:
     print(f"drain           {n / drain_s:12,.0f} changes/s")
     print(f"drain / pg_recvlogical = {recv_s / drain_s:.2f}x   (target >= 2.5x)")
     print(f"drain / SQL peek count = {peek_s / drain_s:.2f}x   (target >= 0.6x, aim 0.8x)")
+    if args.hash:
+        print(f"drain hashing {', '.join(args.hash)} / drain = {hashed_s / drain_s:.2f}x   (time)")
 
 
 if __name__ == "__main__":

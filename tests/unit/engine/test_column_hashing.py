@@ -81,3 +81,22 @@ def test_the_decoder_types_hashed_columns_as_their_text() -> None:
         ("born", 25, False),
     ]
     assert as_text(dated, {}) is dated
+
+
+@pytest.mark.parametrize(
+    "key", [b"sixteen-byte-key", b"k" * 64, b"a key longer than the block of sha-256 " * 3]
+)
+def test_hashes_are_hmac_sha256_for_any_key_length_text_bytes_nulls_and_slices(key: bytes) -> None:
+    transformer = ColumnTransformer({"public.t": {"e": "hash"}}, key)
+
+    def reference(value: bytes) -> str:
+        return hmac.new(key, value, hashlib.sha256).hexdigest()
+
+    texts = pa.array(["a", None, "a", "", "é", "b"]).slice(1)
+    assert transformer.hash_values(texts).to_pylist() == [
+        None if v is None else reference(v.encode()) for v in texts.to_pylist()
+    ]
+    assert transformer.hash_values(pa.array([b"\xff\x00"], pa.binary())).to_pylist() == [
+        reference(b"\xff\x00")
+    ]
+    assert transformer.hash_values(pa.nulls(2, pa.string())).to_pylist() == [None, None]
