@@ -97,6 +97,12 @@ def recorded_text(columns: Mapping[str, Transform] | None, key: str | None) -> s
     )
 
 
+def hashed_columns(recorded: str) -> frozenset[str]:
+    """The columns a :func:`recorded_text` hashes."""
+    columns = json.loads(recorded)["columns"] if recorded else {}
+    return frozenset(name for name, transform in columns.items() if transform == "hash")
+
+
 def check_published(transforms: ColumnTransforms, published: Iterable[tuple[str, Iterable[str]]]) -> None:
     """Refuse a table the publications do not publish or a column they do not publish of it
     (``published``: each table's ``schema.table`` and published column names)."""

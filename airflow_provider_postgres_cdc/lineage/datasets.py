@@ -25,12 +25,13 @@ Everything OpenLineage is imported inside the functions: callers reach here only
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_postgres_cdc.formats import lake as lake_format
 from airflow_provider_postgres_cdc.formats.assets import CutRef, openlineage_dataset
+from airflow_provider_postgres_cdc.formats.column_transforms import hashed_columns
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling, sibling_name
 from airflow_provider_postgres_cdc.lineage import naming
@@ -124,11 +125,16 @@ def input_dataset(
 
 
 def column_lineage(
-    fields: Fields, source_namespace: str, source_name: str, source_columns: Iterable[str]
+    fields: Fields,
+    source_namespace: str,
+    source_name: str,
+    source_columns: Iterable[str],
+    hashed: Collection[str] = (),
 ) -> Any:
     """Identity lineage: each output column from the same-named source column (an overflow
-    sibling ``<c>__pgl_text``, the exact text of ``c``, from ``c`` too); columns without a source
-    column (the changelog's own, dropped ones) have none."""
+    sibling ``<c>__pgl_text``, the exact text of ``c``, from ``c`` too; a ``hashed`` column, a
+    masking transformation of it); columns without a source column (the changelog's own, dropped
+    ones) have none."""
     from airflow.providers.common.compat.openlineage.facet import (
         ColumnLineageDatasetFacet,
         Fields,
@@ -142,11 +148,16 @@ def column_lineage(
         source = name.removesuffix(sibling_name("")) if is_sibling(name) else name
         if source not in published:
             continue
-        identity = source == name
+        identity = source == name and source not in hashed
+        if source in hashed:
+            about = f"HMAC-SHA256 of the text of {source} (column_transforms)"
+        else:
+            about = "" if identity else f"exact text of {source} where its lake type cannot hold it"
         transformation = Transformation(
             type="DIRECT",
             subtype="IDENTITY" if identity else "TRANSFORMATION",
-            description="" if identity else f"exact text of {source} where its lake type cannot hold it",
+            description=about,
+            masking=True if source in hashed else None,
         )
         lineage[name] = Fields(
             inputFields=[InputField(source_namespace, source_name, source, transformations=[transformation])],
@@ -254,8 +265,9 @@ def output_datasets(
         if source_namespace is not None:
             source = postgres_name(manifest.database, entry.schema, entry.table)
             facets["columnLineage"] = column_lineage(
-                fields, source_namespace, source, (c.name for c in entry.columns)
-            )
+                fields, source_namespace, source, (c.name for c in entry.columns),
+                hashed_columns(entry.column_transforms),
+            )  # fmt: skip
         output_facets: dict[str, Any] = {}
         if statistics:
             output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=entry.rows)

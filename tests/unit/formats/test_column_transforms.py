@@ -13,6 +13,7 @@ from airflow_provider_postgres_cdc.formats.column_transforms import (
     check_keys,
     check_published,
     check_recorded,
+    hashed_columns,
     hashes_anything,
     key_id,
     parse_column_transforms,
@@ -56,6 +57,7 @@ def test_the_recorded_text_is_canonical_and_names_the_key_only_when_hashing() ->
     assert json.loads(recorded_text({"ssn": "drop"}, "k1"))["key_id"] is None  # no key in play
     assert recorded_text({}, "k1") == recorded_text(None, None) == ""
     assert hashes_anything(OPTION) and not hashes_anything({"public.t": {"c": "drop"}})
+    assert hashed_columns(a) == {"email"} and hashed_columns("") == frozenset()
 
 
 def test_only_the_local_copy_engine_hashes() -> None:

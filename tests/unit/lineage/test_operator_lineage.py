@@ -121,6 +121,13 @@ def test_source_tables_carry_schema_row_filter_column_list_and_identity_lineage(
         "TRANSFORMATION",
     )
     assert lineage["id"].inputFields[0].transformations[0].subtype == "IDENTITY"
+    hashed = datasets.column_lineage(fields, source.namespace, source.name, ["id", "qty €"], {"qty €"}).fields
+    (masked,) = hashed["qty €"].inputFields[0].transformations
+    assert (masked.subtype, masked.masking) == (
+        "TRANSFORMATION",
+        True,
+    ) and "HMAC-SHA256" in masked.description
+    assert hashed["qty €"].transformationType is None and hashed["id"].transformationType == "IDENTITY"
 
 
 def test_postgres_namespace_defaults_the_port() -> None:
