@@ -17,7 +17,7 @@ import hashlib
 import hmac
 import json
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from airflow_provider_postgres_cdc.errors import BACKFILL, ColumnTransformsError
 from airflow_provider_postgres_cdc.formats.rendered import rendered_mapping
@@ -99,7 +99,7 @@ def recorded_text(columns: Mapping[str, Transform] | None, key: str | None) -> s
 
 def hashed_columns(recorded: str) -> frozenset[str]:
     """The columns a :func:`recorded_text` hashes."""
-    columns = json.loads(recorded)["columns"] if recorded else {}
+    columns = _parsed(recorded)["columns"]
     return frozenset(name for name, transform in columns.items() if transform == "hash")
 
 
@@ -137,11 +137,27 @@ def check_keys(qualified: str, columns: Mapping[str, Transform], key_columns: It
         )
 
 
-def check_recorded(qualified: str, properties: Mapping[str, str], staged: str) -> None:
-    """Refuse changes staged under other transforms than the lake table's rows (its properties)."""
+def check_recorded(
+    qualified: str, properties: Mapping[str, str], staged: str, columns: Iterable[str]
+) -> None:
+    """Refuse changes staged under other transforms than the lake table's rows (its properties).
+
+    Every column the batch publishes (``columns``) or transforms must be transformed as the table's
+    rows were, hashed ones under the same key. A column the batch does not name at all (dropped
+    from the source, and from the option, since) is not compared, so dropping a transformed column
+    from the source needs no re-snapshot; the table keeps its record, so a column of that name
+    added back in clear is refused."""
     recorded = properties.get(TRANSFORMS_PROPERTY) or ""
-    if recorded != staged:
+    was, now = _parsed(recorded), _parsed(staged)
+    named = set(columns) | set(now["columns"])
+    differs = any(was["columns"].get(name) != now["columns"].get(name) for name in named)
+    hashing = any(now["columns"].get(name) == "hash" for name in named)
+    if differs or (hashing and was["key_id"] != now["key_id"]):
         raise changed_error(qualified, recorded, staged)
+
+
+def _parsed(recorded: str) -> dict[str, Any]:
+    return json.loads(recorded) if recorded else {"columns": {}, "key_id": None}
 
 
 def changed_error(qualified: str, recorded: str, staged: str) -> ColumnTransformsError:

@@ -201,7 +201,7 @@ class ApplyJob:
             [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns if not is_sibling(c.name)]
         )
         if previous is not None and previous.applied_end_lsn > point:  # replayed as logged: so staged
-            check_recorded(spec.qualified, table.properties(), spec.column_transforms)
+            check_recorded(spec.qualified, table.properties(), spec.column_transforms, _names(spec))
             window = (point, previous.applied_end_lsn)
             rows, replayed = replay_changelog(self.tables, spec, rows, window, mode == "soft")
             applied_end, source_columns = previous.applied_end_lsn, previous.source_columns
@@ -257,7 +257,7 @@ class ApplyJob:
         if table is not None and mode != recorded_mode(table.properties()):  # only a load may switch
             raise deletes_option.changed_mode_error(spec.qualified, recorded_mode(table.properties()), mode)
         if table is not None:  # nor the column transforms
-            check_recorded(spec.qualified, table.properties(), spec.column_transforms)
+            check_recorded(spec.qualified, table.properties(), spec.column_transforms, _names(spec))
         base = state.base_lsn if state is not None else ZERO
         steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, window.start)
         staged, partition = self._live_changes(spec, window.start), self.partitions.get(spec.qualified)
@@ -419,6 +419,10 @@ class ApplyJob:
                 return
         created = self.tables.tag_cut(m.slot, m.end_lsn)
         log.info("cut %s at %s: %d tag(s) created", lake.tag_name(m.end_lsn), m.end_lsn, created)
+
+
+def _names(spec: TableManifest) -> list[str]:
+    return [c.name for c in spec.columns]
 
 
 def _within(changes: DataFrame, window: Window) -> DataFrame:

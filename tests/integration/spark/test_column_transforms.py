@@ -203,12 +203,28 @@ def test_hashed_and_dropped_columns_never_land_in_clear_and_hashes_join_across_s
     results = compare_tables(dsn, ["pub"], lake_config, transforms=transforms)
     assert all(result.equal for result in results), format_report(results)
 
-    # A batch hashed under another key is refused before it touches the lake.
+    # A hashed column dropped from the source, and from the option: no re-snapshot is needed.
     conn = connect(dsn)
     advance_slot(conn, "s", batch.manifest.end_lsn)  # what the ack does
     conn.close()
+    pg_cluster.execute("ALTER TABLE customers DROP COLUMN born; UPDATE customers SET region = 'x'", pg_dbname)
+    with pytest.raises(ColumnTransformsError, match=r"names 'born', which the publication does not publish"):
+        drain_batch(dsn, DrainSettings("s", ("pub",), str(staging), transforms=transforms))
+    without_born = {
+        **TRANSFORMS,
+        "public.customers": {"email": "hash", "bio": "hash", "ssn": "drop", "notes": "drop"},
+    }
+    transforms = ColumnTransformer(without_born, KEY)
+    dropped = drain_batch(dsn, DrainSettings("s", ("pub",), str(staging), transforms=transforms))
+    apply_manifest(spark, dropped.manifest_uri, lake_config)
+    assert set(_lake(lake_config, "customers").column("region").to_pylist()) == {"x"}
+    conn = connect(dsn)
+    advance_slot(conn, "s", dropped.manifest.end_lsn)
+    conn.close()
+
+    # A batch hashed under another key is refused before it touches the lake.
     pg_cluster.execute("INSERT INTO orders VALUES (13, 'alice@new.example.com', 1)", pg_dbname)
-    other = ColumnTransformer(TRANSFORMS, b"another-key-that-is-long-enough")
+    other = ColumnTransformer(without_born, b"another-key-that-is-long-enough")
     rehashed = drain_batch(dsn, DrainSettings("s", ("pub",), str(staging), transforms=other))
     assert not rehashed.reused
     with pytest.raises(

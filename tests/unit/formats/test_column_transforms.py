@@ -89,14 +89,20 @@ def test_dropping_a_key_column_is_refused_and_hashing_one_is_not() -> None:
 
 
 def test_a_batch_staged_under_other_transforms_than_its_table_is_refused_naming_the_backfill() -> None:
-    text = recorded_text({"email": "hash"}, "k1")
-    check_recorded("public.c", {TRANSFORMS_PROPERTY: text}, text)
-    check_recorded("public.c", {}, "")  # a table loaded without any
-    for properties, staged in (
-        ({}, text),
-        ({TRANSFORMS_PROPERTY: text}, ""),
-        ({TRANSFORMS_PROPERTY: text}, "x"),
-    ):
-        backfill = r"Re-snapshot the table under the new option with the postgres_cdc_backfill_tables DAG"
+    text = recorded_text({"email": "hash", "ssn": "drop"}, "k1")
+    lake = {TRANSFORMS_PROPERTY: text}
+    check_recorded("public.c", lake, text, ["id", "email"])
+    check_recorded("public.c", {}, "", ["id", "email"])  # a table loaded without any
+    # The source dropped email (and the option with it): the batch does not name it, nothing differs.
+    check_recorded("public.c", lake, recorded_text({"ssn": "drop"}, "k2"), ["id"])
+    check_recorded("public.c", lake, "", ["id"])  # nor does a batch naming neither transformed column
+    refused = [
+        ({}, text, ["id", "email"]),  # clear rows, hashed batch
+        (lake, "", ["id", "email"]),  # hashed rows, clear batch
+        (lake, recorded_text({"email": "hash"}, "k1"), ["id", "email", "ssn"]),  # ssn no longer dropped
+        (lake, recorded_text({"email": "hash", "ssn": "drop"}, "k2"), ["id", "email"]),  # another key
+    ]
+    backfill = r"Re-snapshot the table under the new option with the postgres_cdc_backfill_tables DAG"
+    for properties, staged, columns in refused:
         with pytest.raises(ColumnTransformsError, match=backfill):
-            check_recorded("public.c", properties, staged)
+            check_recorded("public.c", properties, staged, columns)
