@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from airflow_provider_postgres_cdc.formats.column_transforms import (
     check_published,
     hashes_anything,
     key_id,
+    named,
     recorded_text,
 )
 from airflow_provider_postgres_cdc.formats.manifest import TableManifest, sibling_name
@@ -64,10 +66,7 @@ class ColumnTransformer:
 
     def text_columns(self) -> dict[str, frozenset[str]]:
         """The hashed columns by ``schema.table``: the decoder stages them as their text form."""
-        return {
-            table: frozenset(n for n, t in columns.items() if t == "hash")
-            for table, columns in self._transforms.items()
-        }
+        return {table: named(columns, "hash") for table, columns in self._transforms.items()}
 
     def check_published(self, published: Iterable[tuple[str, Iterable[str]]]) -> None:
         check_published(self._transforms, published)
@@ -104,8 +103,7 @@ class ColumnTransformer:
         if not columns:
             return changes
         check_keys(qualified, columns, [c.name for c in relation.columns if c.is_key])
-        dropped = {name for name, t in columns.items() if t == "drop"}
-        hashed = {name for name, t in columns.items() if t == "hash"}
+        dropped, hashed = named(columns, "drop"), named(columns, "hash")
         gone = dropped | {sibling_name(name) for name in dropped}
         kept = tuple(c for c in relation.columns if c.name not in dropped)
         return TableChanges(
@@ -113,32 +111,35 @@ class ColumnTransformer:
             [self._change_batch(batch, hashed, gone) for batch in changes.batches],
         )
 
-    def _change_batch(self, batch: pa.RecordBatch, hashed: set[str], gone: set[str]) -> pa.RecordBatch:
-        fields, arrays = [], []
-        for field, array in zip(batch.schema, batch.columns, strict=True):
+    def _change_batch(
+        self, batch: pa.RecordBatch, hashed: AbstractSet[str], gone: AbstractSet[str]
+    ) -> pa.RecordBatch:
+        fields, arrays = self._columns(batch.schema, batch.columns, hashed, gone)
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=batch.schema.metadata))
+
+    def _columns(
+        self,
+        fields: Iterable[pa.Field],
+        arrays: Iterable[pa.Array],
+        hashed: AbstractSet[str],
+        gone: AbstractSet[str],
+    ) -> tuple[list[pa.Field], list[pa.Array]]:
+        """Fields and arrays without the ``gone`` ones, the ``hashed`` ones hashed; in a change
+        table, the same inside its old tuples and out of its unchanged-TOAST lists."""
+        kept_fields, kept = [], []
+        for field, array in zip(fields, arrays, strict=True):
             if field.name in gone:
                 continue
             if field.name in hashed:
                 array = self.hash_values(array)
             elif field.name == _OLD:
-                array = self._old_tuples(array, hashed, gone)
-                field = field.with_type(array.type)
+                old_fields, children = self._columns(array.type, array.flatten(), hashed, gone)
+                array = pa.StructArray.from_arrays(children, fields=old_fields, mask=array.is_null())
             elif field.name == _UNCHANGED:
                 array = _without_names(array, gone)
-            fields.append(field.with_type(array.type))
-            arrays.append(array)
-        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=batch.schema.metadata))
-
-    def _old_tuples(self, old: pa.StructArray, hashed: set[str], gone: set[str]) -> pa.StructArray:
-        fields, children = [], []
-        for field, child in zip(old.type, old.flatten(), strict=True):
-            if field.name in gone:
-                continue
-            if field.name in hashed:
-                child = self.hash_values(child)
-            fields.append(field.with_type(child.type))
-            children.append(child)
-        return pa.StructArray.from_arrays(children, fields=fields, mask=old.is_null())
+            kept_fields.append(field.with_type(array.type))
+            kept.append(array)
+        return kept_fields, kept
 
     # ------------------------------------------------------------------------ the snapshot copy
 
@@ -157,15 +158,8 @@ class ColumnTransformer:
 
     def snapshot_batch(self, plan: TablePlan, batch: pa.RecordBatch) -> pa.RecordBatch:
         """A copied record batch with its hashed columns (typed as text by :meth:`plan`) hashed."""
-        hashed = {name for name, t in self.columns(plan.qualified).items() if t == "hash"}
-        if not hashed:
-            return batch
-        arrays = [
-            self.hash_values(a) if f.name in hashed else a
-            for f, a in zip(batch.schema, batch.columns, strict=True)
-        ]
-        fields = [f.with_type(a.type) for f, a in zip(batch.schema, arrays, strict=True)]
-        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=batch.schema.metadata))
+        hashed = named(self.columns(plan.qualified), "hash")
+        return self._change_batch(batch, hashed, set()) if hashed else batch
 
     # ---------------------------------------------------------------------- the catalog facts
 
@@ -184,7 +178,7 @@ class ColumnTransformer:
         return out
 
 
-def _without_names(lists: pa.ListArray, names: set[str]) -> pa.ListArray:
+def _without_names(lists: pa.ListArray, names: AbstractSet[str]) -> pa.ListArray:
     """Each list of column names without ``names`` (the unchanged-TOAST lists of dropped columns)."""
     flat = lists.flatten()
     if not names or not len(flat):

@@ -65,9 +65,14 @@ def _shape(option: object) -> str:
     )
 
 
+def named(columns: Mapping[str, str], transform: Transform) -> frozenset[str]:
+    """The columns ``columns`` (column -> transform) gives ``transform``."""
+    return frozenset(name for name, given in columns.items() if given == transform)
+
+
 def hashes_anything(transforms: ColumnTransforms) -> bool:
     """Whether a hash key is needed."""
-    return any(t == "hash" for columns in transforms.values() for t in columns.values())
+    return any(named(columns, "hash") for columns in transforms.values())
 
 
 def check_copy_engine(transforms: ColumnTransforms, copy_engine: str) -> None:
@@ -91,7 +96,7 @@ def recorded_text(columns: Mapping[str, Transform] | None, key: str | None) -> s
     (empty: nothing); ``key`` is the hash key's :func:`key_id`, kept only when a column is hashed."""
     if not columns:
         return ""
-    hashed = any(t == "hash" for t in columns.values())
+    hashed = bool(named(columns, "hash"))
     return json.dumps(
         {"columns": dict(sorted(columns.items())), "key_id": key if hashed else None}, sort_keys=True
     )
@@ -99,8 +104,7 @@ def recorded_text(columns: Mapping[str, Transform] | None, key: str | None) -> s
 
 def hashed_columns(recorded: str) -> frozenset[str]:
     """The columns a :func:`recorded_text` hashes."""
-    columns = _parsed(recorded)["columns"]
-    return frozenset(name for name, transform in columns.items() if transform == "hash")
+    return named(_parsed(recorded)["columns"], "hash")
 
 
 def check_published(transforms: ColumnTransforms, published: Iterable[tuple[str, Iterable[str]]]) -> None:
@@ -149,9 +153,9 @@ def check_recorded(
     added back in clear is refused."""
     recorded = properties.get(TRANSFORMS_PROPERTY) or ""
     was, now = _parsed(recorded), _parsed(staged)
-    named = set(columns) | set(now["columns"])
-    differs = any(was["columns"].get(name) != now["columns"].get(name) for name in named)
-    hashing = any(now["columns"].get(name) == "hash" for name in named)
+    compared = set(columns) | set(now["columns"])
+    differs = any(was["columns"].get(name) != now["columns"].get(name) for name in compared)
+    hashing = bool(named(now["columns"], "hash") & compared)
     if differs or (hashing and was["key_id"] != now["key_id"]):
         raise changed_error(qualified, recorded, staged)
 
