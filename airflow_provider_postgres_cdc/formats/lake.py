@@ -57,6 +57,7 @@ CHANGE_KEYS = {"I": INSERTED, "U": UPDATED, "D": DELETED, "T": TRUNCATED}
 # Table property naming the slot whose pipeline owns the table (the tables a cut is taken over).
 OWNER_PROPERTY = "pgl.slot"
 CHANGELOG_SUFFIX = "__pgl_changelog"
+HISTORY_SUFFIX = "__pgl_history"  # a history table's (formats/history.py)
 TAG_PREFIX = "pgl_"
 
 # How source schema and table names become lake names (docs/LAKE.md, "Names"): "preserve" keeps
@@ -163,14 +164,28 @@ class LakeConfig:
         """(namespace, table name) of a source table's changelog table."""
         return self.namespace(schema), self.table_name(table) + CHANGELOG_SUFFIX
 
+    def history_identifier(self, schema: str, table: str) -> tuple[str, str]:
+        """(namespace, table name) of a source table's history table (``formats/history.py``)."""
+        return self.namespace(schema), self.table_name(table) + HISTORY_SUFFIX
+
+    def companions(self, schema: str, table: str) -> dict[str, tuple[str, str]]:
+        """A source table's lake tables by kind: the table, its changelog and its history table."""
+        return {
+            "table": self.identifier(schema, table),
+            "changelog table": self.changelog_identifier(schema, table),
+            "history table": self.history_identifier(schema, table),
+        }
+
     def source_of(self, namespace: str, name: str) -> tuple[str, str] | None:
         """The source (schema, table) whose lake table is ``namespace.name`` (:meth:`identifier` inverted).
 
-        None for a changelog table and for any name this lake's rule does not make (another
+        None for a changelog or history table and for any name this lake's rule does not make (another
         prefix's namespace, a table someone else created).
         """
         prefixed = namespace if self.names == "portable" else decode_name_part(namespace)
-        if name.endswith(CHANGELOG_SUFFIX) or not prefixed.startswith(self.namespace_prefix):
+        if name.endswith((CHANGELOG_SUFFIX, HISTORY_SUFFIX)) or not prefixed.startswith(
+            self.namespace_prefix
+        ):
             return None
         schema, table = prefixed[len(self.namespace_prefix) :], name
         if self.names == "portable":
@@ -194,19 +209,18 @@ class LakeConfig:
         """
         owners: dict[tuple[str, str], tuple[str, str]] = {}
         for schema, table in tables:
-            data, changelog = self.identifier(schema, table), self.changelog_identifier(schema, table)
-            if self.names == "portable":  # injective, its changelogs apart: only the length can fail
-                self._check_portable(schema, table, data, changelog)
+            companions = self.companions(schema, table)
+            if self.names == "portable":  # injective, its companions apart: only the length can fail
+                self._check_portable(schema, table, companions)
                 continue
-            for identifier in (data, changelog):
+            for identifier in companions.values():
                 owner = owners.setdefault(identifier, (schema, table))
                 if owner != (schema, table):
                     raise LakeNameError(self._clash(owner, (schema, table), identifier))
 
-    def _check_portable(
-        self, schema: str, table: str, data: tuple[str, str], changelog: tuple[str, str]
-    ) -> None:
-        parts = (("namespace", data[0]), ("table", data[1]), ("changelog table", changelog[1]))
+    def _check_portable(self, schema: str, table: str, companions: Mapping[str, tuple[str, str]]) -> None:
+        parts = [("namespace", companions["table"][0])]
+        parts += [(kind, identifier[1]) for kind, identifier in companions.items()]
         for kind, name in parts:
             why = portable.refusal(name, namespace=kind == "namespace")
             if why is not None:
@@ -222,7 +236,7 @@ class LakeConfig:
     def _clash(self, first: tuple[str, str], second: tuple[str, str], identifier: tuple[str, str]) -> str:
         """Why two source tables cannot both be in a "preserve" lake."""
         which = {
-            source: "changelog" if self.changelog_identifier(*source) == identifier else "table"
+            source: next(k for k, name in self.companions(*source).items() if name == identifier).split()[0]
             for source in (first, second)
         }
         return (

@@ -127,12 +127,13 @@ def test_refusals_say_what_seaweedfs_and_s3_tables_refuse(name: str, namespace: 
 @example("My Schema", "t__pgl_changelog", "")
 def test_source_of_inverts_identifier_under_both_rules(schema: str, table: str, prefix: str) -> None:
     preserve = LakeConfig(namespace_prefix=prefix)
-    if not table.endswith(lake.CHANGELOG_SUFFIX):  # with "preserve", such a table reads as a changelog
+    if not table.endswith((lake.CHANGELOG_SUFFIX, lake.HISTORY_SUFFIX)):  # "preserve": a companion's name
         assert preserve.source_of(*preserve.identifier(schema, table)) == (schema, table)
     if prefix != "p.x%":
         portable = LakeConfig(namespace_prefix=prefix, names="portable")
         assert portable.source_of(*portable.identifier(schema, table)) == (schema, table)
         assert portable.source_of(*portable.changelog_identifier(schema, table)) is None
+        assert portable.source_of(*portable.history_identifier(schema, table)) is None
 
 
 def test_preserve_names_are_the_ones_lakes_have_today() -> None:
@@ -169,13 +170,14 @@ def test_a_portable_lake_refuses_a_prefix_that_is_not_portable(prefix: str) -> N
     LakeConfig(namespace_prefix=prefix)  # "preserve" encodes what it must
 
 
-def test_preserve_refuses_a_table_that_would_be_another_tables_changelog() -> None:
-    tables = [("public", "t"), ("public", "Orders"), ("public", "t__pgl_changelog")]
+@pytest.mark.parametrize("kind", ["changelog", "history"])
+def test_preserve_refuses_a_table_that_would_be_another_tables_changelog_or_history(kind: str) -> None:
+    tables = [("public", "t"), ("public", "Orders"), ("public", f"t__pgl_{kind}")]
     with pytest.raises(LakeNameError) as refused:
         LakeConfig().check_names(tables)
     message = str(refused.value)
-    assert "public.t and public.t__pgl_changelog would share the lake table public.t__pgl_" in message
-    assert "'preserve' name rule (the changelog of the first, the table of the second)" in message
+    assert f"public.t and public.t__pgl_{kind} would share the lake table public.t__pgl_" in message
+    assert f"'preserve' name rule (the {kind} of the first, the table of the second)" in message
     assert "set names 'portable'" in message and "slot has not moved" in message
     PORTABLE.check_names(tables)  # "t__pgl_changelog" is 0t_0_0pgl_0changelog there
     LakeConfig().check_names([("public", "Orders"), ("Public", "orders")])  # "preserve" keeps case apart
