@@ -19,7 +19,8 @@ from each run's conf. The other keyword arguments are fixed when the DAG is pars
 Airflow pool shared by every task writing the lake: apply, load, maintenance), ``spark_conf``, and
 any further keyword, passed to ``DAG`` as is (``tags``, ``default_args``, ``start_date``...).
 ``partition_by`` (``{"public.orders": ["days(placed_at)"]}``: the Iceberg partition spec of lake
-tables), ``deletes`` (``"soft"``, or ``{"public.orders": "soft"}``: deleted rows kept, marked) and
+tables), ``deletes`` (``"soft"``, or ``{"public.orders": "soft"}``: deleted rows kept, marked),
+``history`` (``"scd2"``, or ``{"public.orders": "scd2"}``: every version of rows kept) and
 ``column_transforms`` (``{"public.customers": {"email": "hash"}}``: columns hashed or dropped
 before staging, under the key in connection ``hash_key_conn_id``) are the defaults of params of
 every DAG that writes lake tables (docs/LAKE.md); give the DAGs of one pipeline the same. Give the
@@ -41,6 +42,7 @@ from airflow_provider_postgres_cdc.engine.choices import CopyEngine, SlotMode, T
 from airflow_provider_postgres_cdc.errors import BACKFILL_DAG, INITIAL_SNAPSHOT_DAG, RECOVERY_DAG
 from airflow_provider_postgres_cdc.formats.column_transforms import parse_column_transforms
 from airflow_provider_postgres_cdc.formats.deletes import parse_deletes
+from airflow_provider_postgres_cdc.formats.history import HISTORY
 from airflow_provider_postgres_cdc.formats.partitioning import parse_partition_by
 from airflow_provider_postgres_cdc.hooks.hash_key import PostgresCdcHashKeyHook
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
@@ -60,6 +62,7 @@ from airflow_provider_postgres_cdc.task_groups import (
 MICROBATCH_DAG = "postgres_cdc_microbatch"
 _CATCH_UP = "how long runs may chain on a backlog, in seconds"
 _DELETES = '"soft" keeps deleted rows in lake tables, marked; "hard" or {"public.orders": "soft"}'
+_HISTORY = '"scd2" keeps every version of rows in <table>__pgl_history; "none" or {"public.orders": "scd2"}'
 _TRANSFORMS = 'columns hashed or dropped before staging: {"public.customers": {"email": "hash"}}'
 _PARTITION_BY = 'Iceberg partition specs of lake tables: {"public.orders": ["days(placed_at)"]}'
 LAKE_MAINTENANCE_DAG = "postgres_cdc_lake_maintenance"
@@ -82,6 +85,7 @@ def initial_snapshot_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    history: Mapping[str, str] | str | None = None,
     column_transforms: Mapping[str, Mapping[str, str]] | None = None,
     hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
@@ -121,6 +125,7 @@ def backfill_tables_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    history: Mapping[str, str] | str | None = None,
     column_transforms: Mapping[str, Mapping[str, str]] | None = None,
     hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
@@ -169,6 +174,7 @@ def recover_slot_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    history: Mapping[str, str] | str | None = None,
     column_transforms: Mapping[str, Mapping[str, str]] | None = None,
     hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
@@ -206,6 +212,7 @@ def cdc_microbatch_dag(
     spark_conf: Mapping[str, Any] | None = None,
     partition_by: Mapping[str, Sequence[str]] | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    history: Mapping[str, str] | str | None = None,
     column_transforms: Mapping[str, Mapping[str, str]] | None = None,
     hash_key_conn_id: str = PostgresCdcHashKeyHook.default_conn_name,
     **dag_kwargs: Any,
@@ -239,7 +246,7 @@ def cdc_microbatch_dag(
             "max_messages": Param(max_messages, type="integer", minimum=1),
             "min_lag_bytes": Param(min_lag_bytes, type="integer", minimum=0),
             **catch_up,
-            **table_params(partition_by, deletes, column_transforms),
+            **table_params(partition_by, deletes, column_transforms, history),
         },
         {"default_args": {"retries": 2, "retry_delay": timedelta(minutes=1)}, "tags": [*_TAGS, "cdc"]},
     )
@@ -353,7 +360,12 @@ def _snapshot_dag(
         arguments,
         {
             **params,
-            **table_params(arguments["partition_by"], arguments["deletes"], arguments["column_transforms"]),
+            **table_params(
+                arguments["partition_by"],
+                arguments["deletes"],
+                arguments["column_transforms"],
+                arguments["history"],
+            ),
         },
         {"render_template_as_native_obj": True, "tags": [*_TAGS, "cdc", "snapshot", *purpose]},
     )
@@ -375,6 +387,7 @@ def _snapshot_dag(
 TABLE_OPTIONS: dict[str, Any] = {
     "partition_by": "{{ params.partition_by | tojson }}",
     "deletes": "{{ params.deletes | tojson }}",
+    "history": "{{ params.history | tojson }}",
     "column_transforms": "{{ params.column_transforms | tojson }}",
 }
 
@@ -383,17 +396,20 @@ def table_params(
     partition_by: Mapping[str, Sequence[str]] | None,
     deletes: Mapping[str, str] | str | None,
     column_transforms: Mapping[str, Mapping[str, str]] | None = None,
+    history: Mapping[str, str] | str | None = None,
 ) -> dict[str, Param]:
-    """The ``partition_by``, ``deletes`` and ``column_transforms`` params of the DAGs that write lake
-    tables, checked when the DAG is parsed."""
+    """The ``partition_by``, ``deletes``, ``column_transforms`` and ``history`` params of the DAGs
+    that write lake tables, checked when the DAG is parsed."""
     parse_partition_by(dict(partition_by or {}))
     parse_deletes(deletes)
+    HISTORY.parse(history)
     transforms = {table: dict(columns) for table, columns in (column_transforms or {}).items()}
     parse_column_transforms(transforms)
     return {
         "partition_by": Param(dict(partition_by or {}), type="object", description=_PARTITION_BY),
         "deletes": Param(deletes or {}, type=["object", "string"], description=_DELETES),
         "column_transforms": Param(transforms, type="object", description=_TRANSFORMS),
+        "history": Param(history or {}, type=["object", "string"], description=_HISTORY),
     }
 
 

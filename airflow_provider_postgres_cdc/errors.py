@@ -125,6 +125,11 @@ class DeletesOptionError(PostgresCdcError, ValueError):
     table's mode in a batch (only a re-snapshot may)."""
 
 
+class HistoryOptionError(PostgresCdcError, ValueError):
+    """A ``history`` option is malformed, asks history of a keyless table, or would switch a table's
+    mode in a batch (only a re-snapshot may)."""
+
+
 class ColumnTransformsError(PostgresCdcError, ValueError):
     """A ``column_transforms`` option is malformed, names what is not published, drops a key, lacks its
     hash key, or differs from what a lake table's rows were staged under (only a re-snapshot may)."""

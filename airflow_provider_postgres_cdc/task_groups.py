@@ -114,6 +114,7 @@ def cdc_microbatch_task_group(
     catch_up_seconds: int | str | None = None,
     partition_by: Mapping[str, Sequence[str]] | str | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    history: Mapping[str, str] | str | None = None,
     column_transforms: Mapping[str, Mapping[str, str]] | str | None = None,
     hash_key_conn_id: str | None = None,
 ) -> TaskGroup:
@@ -130,6 +131,9 @@ def cdc_microbatch_task_group(
         :class:`PostgresCdcSparkApplyOperator` takes them (``{"public.orders": ["days(placed_at)"]}``).
     :param deletes: ``"soft"``, ``"hard"`` or ``{"public.orders": "soft"}``: whether lake tables keep
         deleted rows, marked, as :class:`PostgresCdcSparkApplyOperator` takes it.
+    :param history: ``"scd2"``, ``"none"`` or ``{"public.orders": "scd2"}``: whether lake tables keep
+        every version of their rows in a history table, as :class:`PostgresCdcSparkApplyOperator`
+        takes it.
     :param column_transforms: ``{"public.customers": {"email": "hash", "ssn": "drop"}}``: columns the
         drain hashes or drops before staging, as :class:`PostgresCdcDrainOperator` takes them.
     :param hash_key_conn_id: the connection whose password is the hash key (default
@@ -167,6 +171,7 @@ def cdc_microbatch_task_group(
             table_parallelism=table_parallelism,
             partition_by=partition_by,
             deletes=deletes,
+            history=history,
             **pool_argument(pool),
         )
         ack = PostgresCdcAckOperator(
@@ -219,6 +224,7 @@ def snapshot_task_group(
     table_parallelism: int | str = TABLE_PARALLELISM,
     partition_by: Mapping[str, Sequence[str]] | str | None = None,
     deletes: Mapping[str, str] | str | None = None,
+    history: Mapping[str, str] | str | None = None,
     column_transforms: Mapping[str, Mapping[str, str]] | str | None = None,
     hash_key_conn_id: str | None = None,
 ) -> TaskGroup:
@@ -242,6 +248,8 @@ def snapshot_task_group(
         both groups the same, or a load creates a table with another spec than the CDC's.
     :param deletes: the delete mode of lake tables, as the CDC group takes it; a load may switch a
         table's mode, a batch may not.
+    :param history: the history mode of lake tables, as the CDC group takes it; a load may switch
+        it on (the history then starts at the load) or off, a batch may not.
     :param column_transforms: columns hashed or dropped before staging, and ``hash_key_conn_id`` the
         connection of their key, as the CDC group takes them; give both groups the same (a batch
         staged under others than its table's rows is refused; a load may change them).
@@ -275,6 +283,7 @@ def snapshot_task_group(
             table_parallelism=table_parallelism,
             partition_by=partition_by,
             deletes=deletes,
+            history=history,
             **pool_argument(pool),
         )
         snapshot >> load

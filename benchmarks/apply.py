@@ -1,9 +1,9 @@
 """What a batch costs the Iceberg apply job as the table grows: merge-on-read against copy-on-write,
-and a partitioned table against an unpartitioned one.
+a partitioned table against an unpartitioned one, and a table keeping its history against one not.
 
     make lake-jars && POSTGRES_CDC_SPARK_JARS=... .venv/bin/python benchmarks/apply.py \
         [--sizes 1000000,5000000] [--changes 10000] [--repeat 2] [--workdir DIR] \
-        [--partition-by '["bucket(16, id)"]']
+        [--partition-by '["bucket(16, id)"]'] [--history]
 
 For each table size it snapshot-loads one Iceberg table per write mode (format v2, unpartitioned,
 unsorted: docs/LAKE.md says why), in a local SQLite-catalog lake. Then it applies, to each freshly
@@ -16,7 +16,9 @@ Each apply is timed ``--repeat`` times, interleaved across sizes and modes (nois
 of them alike), rolling the table back to its load snapshot in between (Iceberg's
 ``rollback_to_snapshot``); the fastest counts. ``--partition-by`` adds a third, merge-on-read
 table under that partition spec (the apply operator's ``partition_by`` for it), and prints its
-cost against the unpartitioned merge-on-read table of the same size. The job runs in-process
+cost against the unpartitioned merge-on-read table of the same size. ``--history`` adds a
+merge-on-read table keeping its history (``history="scd2"``: the history table's MERGE is part of
+each apply) and prints its cost against the same table without. The job runs in-process
 (``apply_manifest``) on ``local[2]``; spark-submit's ~25 s start-up is the same for every mode and
 is left out. The baseline of the ratio is the same batch on the 1M table, measured in the same run.
 """
@@ -40,7 +42,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lake import HISTORY_SUFFIX, LakeConfig, local_lake
 from airflow_provider_postgres_cdc.spark import apply_batch as job
 from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
 from airflow_provider_postgres_cdc.spark.session import local_session, register_lake
@@ -177,19 +179,25 @@ def stage_batch(staging: Path, rows: int, shape: str, changes: int, start: int, 
 
 
 def timed_apply(
-    spark: SparkSession, manifest: str, lake: LakeConfig, mode: str, partition: str | None = None
+    spark: SparkSession,
+    manifest: str,
+    lake: LakeConfig,
+    mode: str,
+    partition: str | None = None,
+    history: bool = False,
 ) -> float:
     started = time.perf_counter()
     option = json.dumps({"public.bench": json.loads(partition)}) if partition else None
-    job.apply_manifest(spark, manifest, lake, write_mode=mode, partition_by=option)
+    versions = '{"public.bench": "scd2"}' if history else None
+    job.apply_manifest(spark, manifest, lake, write_mode=mode, partition_by=option, history=versions)
     return time.perf_counter() - started
 
 
-def roll_back(spark: SparkSession, lake: LakeConfig, snapshot_id: int) -> None:
-    """Make the freshly loaded table current again (and drop the changelog the batch appended)."""
-    table = f"{lake.catalog}.public.bench"
-    spark.sql(f"CALL {lake.catalog}.system.rollback_to_snapshot('public.bench', {snapshot_id})")
-    spark.sql(f"DROP TABLE IF EXISTS {table}__pgl_changelog")
+def roll_back(spark: SparkSession, lake: LakeConfig, loaded: dict[str, int]) -> None:
+    """Make the freshly loaded tables current again (and drop the changelog the batch appended)."""
+    for name, snapshot_id in loaded.items():
+        spark.sql(f"CALL {lake.catalog}.system.rollback_to_snapshot('public.{name}', {snapshot_id})")
+    spark.sql(f"DROP TABLE IF EXISTS {lake.catalog}.public.bench__pgl_changelog")
 
 
 def new_lake(spark: SparkSession, root: Path, name: str) -> LakeConfig:
@@ -199,14 +207,21 @@ def new_lake(spark: SparkSession, root: Path, name: str) -> LakeConfig:
     return lake
 
 
-def current_snapshot(spark: SparkSession, lake: LakeConfig) -> int:
-    tables = IcebergTables(spark, lake)
-    return int(tables.java_table(lake.identifier("public", "bench")).currentSnapshot().snapshotId())
+def current_snapshots(spark: SparkSession, lake: LakeConfig) -> dict[str, int]:
+    """The current snapshot of the bench table and of its history table, when it has one."""
+    tables, found = IcebergTables(spark, lake), {}
+    for name in ("bench", "bench" + HISTORY_SUFFIX):
+        table = tables.java_table(("public", name))
+        if table is not None:
+            found[name] = int(table.currentSnapshot().snapshotId())
+    return found
 
 
-def _layout(label: str, partition_by: str | None) -> tuple[str, str | None]:
-    """(write mode, partition fields JSON) of a table layout the benchmark compares."""
-    return ("merge-on-read", partition_by) if label == "partitioned" else (label, None)
+def _layout(label: str, partition_by: str | None) -> tuple[str, str | None, bool]:
+    """(write mode, partition fields JSON, history) of a table layout the benchmark compares."""
+    if label in ("partitioned", "history"):
+        return "merge-on-read", partition_by if label == "partitioned" else None, label == "history"
+    return label, None, False
 
 
 def main() -> int:
@@ -220,12 +235,14 @@ def main() -> int:
     parser.add_argument(
         "--partition-by", default=None, help="JSON list of partition fields, e.g. '[\"bucket(16, id)\"]'"
     )
+    parser.add_argument("--history", action="store_true", help="compare a table keeping its history")
     args = parser.parse_args()
     spark = local_session("postgres-cdc-apply-bench")
     spark.conf.set("spark.sql.shuffle.partitions", "4")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="pgl-apply-bench-"))
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = ("merge-on-read", "copy-on-write") + (("partitioned",) if args.partition_by else ())
+    modes += ("history",) if args.history else ()
     print(f"apply benchmark (Iceberg): local[2], {args.changes} changes per batch, fastest of {args.repeat}")
     if args.partition_by:
         print(f"partitioned: merge-on-read, partition_by {args.partition_by}")
@@ -237,7 +254,7 @@ def main() -> int:
             spark, stage_batch(work / "staging", 20_000, "oltp", 1000, SNAP_LSN + 1000), warm, modes[0]
         )
         batches: dict[str, dict[int, str]] = {"oltp": {}, "random": {}}
-        lakes: dict[tuple[int, str], tuple[LakeConfig, int]] = {}
+        lakes: dict[tuple[int, str], tuple[LakeConfig, dict[str, int]]] = {}
         for rows in sizes:
             snapshot = stage_snapshot(spark, work / "staging", rows)
             batches["oltp"][rows] = stage_batch(work / "staging", rows, "oltp", args.changes, SNAP_LSN + 1000)
@@ -247,7 +264,7 @@ def main() -> int:
             for mode in modes:
                 lake = new_lake(spark, work / f"lake-{rows}-{mode}", f"b{rows}_{mode.replace('-', '_')}")
                 seconds = timed_apply(spark, snapshot, lake, *_layout(mode, args.partition_by))
-                lakes[rows, mode] = (lake, current_snapshot(spark, lake))
+                lakes[rows, mode] = (lake, current_snapshots(spark, lake))
                 print(f"{rows:>11} {'load':>7} {mode:>14} {seconds:>8.1f}", flush=True)
         for shape, manifests in batches.items():
             best: dict[tuple[int, str], float] = {}
@@ -260,10 +277,10 @@ def main() -> int:
                         best[rows, mode] = min(seconds, best.get((rows, mode), seconds))
             for (rows, mode), seconds in best.items():
                 print(f"{rows:>11} {shape:>7} {mode:>14} {seconds:>8.1f}", flush=True)
-            if args.partition_by:
-                for rows in sizes:
-                    ratio = best[rows, "partitioned"] / best[rows, "merge-on-read"]
-                    print(f"{shape} batch, {rows} rows: partitioned / unpartitioned = {ratio:.2f}x")
+            for label, against in (("partitioned", "unpartitioned"), ("history", "without history")):
+                for rows in sizes if label in modes else []:
+                    ratio = best[rows, label] / best[rows, "merge-on-read"]
+                    print(f"{shape} batch, {rows} rows: {label} / {against} = {ratio:.2f}x")
             if shape == "oltp" and len(sizes) >= 2:
                 small, large = min(sizes), max(sizes)
                 for mode in modes[:2]:

@@ -26,7 +26,7 @@ variable                                  default                        meaning
 ``POSTGRES_CDC_ON_LAG_SPARK_CONN_ID``     ``spark_default``              Spark connection
 ========================================  =============================  ====================================
 
-The lake tables' options (``partition_by``, ``deletes``, ``column_transforms``) are DAG params
+The lake tables' options (``partition_by``, ``deletes``, ``history``, ``column_transforms``) are DAG params
 too, empty here: set their defaults in this file to the values the other DAGs of the pipeline
 run with (a batch staged or applied under other options than its tables' is refused).
 
@@ -100,7 +100,7 @@ with DAG(
         spark_conn_id=Param(_setting("SPARK_CONN_ID", "spark_default"), type="string"),
         max_messages=Param(1_000_000, type="integer", minimum=1),
         # The lake tables' options (docs/LAKE.md): give them the CDC and snapshot DAGs' values.
-        **table_params(partition_by={}, deletes={}, column_transforms={}),
+        **table_params(partition_by={}, deletes={}, column_transforms={}, history={}),
     ),
     tags=["postgres-cdc", "cdc"],
     doc_md=__doc__,

@@ -5,11 +5,12 @@ Names follow the OpenLineage naming spec, so lineage from other producers joins 
 * a source table is namespace ``postgres://{host}:{port}`` (the source connection's host and port,
   5432 when unset) and name ``{database}.{schema}.{table}``, names as PostgreSQL spells them (the
   postgres provider's SQL lineage names them so too);
-* a lake table (and its changelog table ``<table>__pgl_changelog``) is named as OpenLineage's
-  Spark integration names an Iceberg table a Spark job reads (:mod:`.naming`): by its location
-  (``s3://<bucket>`` and the key, ``file`` and the path), read from its Iceberg metadata, with a
-  ``symlinks`` facet holding the catalog's names for it; a table not created yet (the first
-  load's START) is placed where Spark's integration places it, ``<warehouse>/<namespace>/<table>``;
+* a lake table (and its changelog and history tables, ``<table>__pgl_changelog`` and
+  ``<table>__pgl_history``) is named as OpenLineage's Spark integration names an Iceberg table a
+  Spark job reads (:mod:`.naming`): by its location (``s3://<bucket>`` and the key, ``file`` and the
+  path), read from its Iceberg metadata, with a ``symlinks`` facet holding the catalog's names for
+  it; a table not created yet (the first load's START) is placed where Spark's integration places
+  it, ``<warehouse>/<namespace>/<table>``;
 * a pipeline's consistent cut (the ack's output) is ``postgres-cdc://<catalog>``, name ``<slot>``.
 
 Staging is not a dataset. A staged batch is a transient directory per batch (deleted by the
@@ -236,7 +237,8 @@ def output_datasets(
     *,
     statistics: bool,
 ) -> list[Any]:
-    """The lake tables a batch writes (each data table, and for a change batch its changelog).
+    """The lake tables a batch writes (each data table, for a change batch its changelog, and the
+    history tables of tables that keep one).
 
     ``statistics`` adds the rows written (staged rows: rows loaded, or changes applied), which is
     only true once the apply has run. Without a ``source_namespace`` there is no column lineage.
@@ -246,17 +248,15 @@ def output_datasets(
         OutputStatisticsOutputDatasetFacet,
     )
 
-    # (entry, changelog?) in output order; entries are not hashable (a batch's carry catalog facts).
-    wanted: list[tuple[TableManifest, bool]] = [(entry, False) for entry in manifest.tables]
-    if manifest.kind == "batch":
-        wanted += [(entry, True) for entry in manifest.tables]
-    identifiers = [
-        lake.changelog_identifier(entry.schema, entry.table)
-        if changelog
-        else lake.identifier(entry.schema, entry.table)
-        for entry, changelog in wanted
-    ]
+    # (entry, kind) in output order; entries are not hashable (a batch's carry catalog facts). A
+    # history table is written only where a table keeps one: it is named only when it exists.
+    wanted: list[tuple[TableManifest, str]] = [(entry, "table") for entry in manifest.tables]
+    kinds = ("changelog table", "history table") if manifest.kind == "batch" else ("history table",)
+    wanted += [(entry, kind) for kind in kinds for entry in manifest.tables]
+    identifiers = [lake.companions(entry.schema, entry.table)[kind] for entry, kind in wanted]
     known = read_lake_tables(lake, identifiers)
+    kept = [i for i, (_, kind) in enumerate(wanted) if kind != "history table" or identifiers[i] in known]
+    wanted, identifiers = [wanted[i] for i in kept], [identifiers[i] for i in kept]
     outputs = []
     for (entry, _), ident in zip(wanted, identifiers, strict=True):
         table = known.get(ident)

@@ -4,7 +4,7 @@
 task                      inputs                              outputs
 ========================  ==================================  ==================================
 snapshot, drain           the published source tables         (none: staging is not a dataset)
-apply, load               the published source tables         the lake tables (and changelogs)
+apply, load               the published source tables         the lake tables (changelogs, histories)
 ack                       the lake tables of the batch        the pipeline's cut
 lake maintenance          the slot's lake tables              the same tables (rewritten)
 ========================  ==================================  ==================================
@@ -28,7 +28,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.staging import read_manifest
-from airflow_provider_postgres_cdc.formats.lake import CHANGELOG_SUFFIX, LakeConfig
+from airflow_provider_postgres_cdc.formats.lake import CHANGELOG_SUFFIX, HISTORY_SUFFIX, LakeConfig
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
@@ -178,7 +178,8 @@ def ack_lineage(operator: Any) -> Any:
 
 @guarded
 def maintenance_lineage(operator: Any) -> Any:
-    """Lake maintenance: every table of the slot's pipeline (and its changelog), read and rewritten."""
+    """Lake maintenance: every table of the slot's pipeline (changelogs and histories too), read and
+    rewritten."""
     from airflow.providers.common.compat.openlineage.facet import InputDataset, OutputDataset
 
     from airflow_provider_postgres_cdc.engine.lake_catalog import open_catalog, owned_tables
@@ -189,9 +190,10 @@ def maintenance_lineage(operator: Any) -> Any:
     for table in owned_tables(catalog, lake, str(operator.slot_name)):
         namespace, name = table.name()[-2:]
         found.append(((namespace, name), datasets.lake_table(table)))
-        changelog = (namespace, name + CHANGELOG_SUFFIX)
-        if catalog.table_exists(changelog):
-            found.append((changelog, datasets.lake_table(catalog.load_table(changelog))))
+        for suffix in (CHANGELOG_SUFFIX, HISTORY_SUFFIX):
+            companion = (namespace, name + suffix)
+            if catalog.table_exists(companion):
+                found.append((companion, datasets.lake_table(catalog.load_table(companion))))
     inputs, outputs = [], []
     for ident, table in found:
         facets = {"schema": datasets.schema_facet(table.fields)}

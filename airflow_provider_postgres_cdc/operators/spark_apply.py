@@ -14,6 +14,7 @@ from airflow_provider_postgres_cdc import metrics
 from airflow_provider_postgres_cdc.assets import TABLES_ALIAS, alias, table_asset
 from airflow_provider_postgres_cdc.errors import LakeCatalogError
 from airflow_provider_postgres_cdc.formats import deletes as deletes_option
+from airflow_provider_postgres_cdc.formats import history as history_option
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, WriteMode
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.formats.partitioning import check_manifest, option_text, parse_partition_by
@@ -57,6 +58,12 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         table gets by default) removes them; ``{"public.orders": "soft"}`` names tables, and a table
         it does not name keeps its mode. Only a load may switch a table's mode (docs/LAKE.md "Soft
         deletes"); tables without a key cannot be soft (templated).
+    :param history: ``"scd2"`` keeps every version of the rows of lake tables in a history table
+        beside each (``<table>__pgl_history``: the validity of each version as commit LSNs and
+        times, and what ended it); ``"none"`` (the default of a new table) keeps none;
+        ``{"public.orders": "scd2"}`` names tables, and a table it does not name keeps its mode.
+        Only a load may switch it (docs/LAKE.md "History tables"); tables without a key cannot
+        keep history (templated).
     :param asset_alias: the :class:`~airflow.sdk.AssetAlias` (added to ``outlets``) through which
         one Asset event per lake table written is emitted, carrying the batch, its LSN window, the
         cut tag, the Iceberg snapshot id and the rows inserted, updated and deleted (README "Assets").
@@ -71,6 +78,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         "table_parallelism",
         "partition_by",
         "deletes",
+        "history",
     )
 
     def __init__(
@@ -85,6 +93,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         table_parallelism: int | str = TABLE_PARALLELISM,
         partition_by: Mapping[str, Sequence[str]] | str | None = None,
         deletes: Mapping[str, str] | str | None = None,
+        history: Mapping[str, str] | str | None = None,
         **kwargs: Any,
     ) -> None:
         check_choice("write_mode", write_mode, WRITE_MODES)
@@ -93,6 +102,8 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
             parse_partition_by(partition_by)  # a typo fails the DAG file's import
         if not is_template(deletes):
             deletes_option.parse_deletes(deletes)
+        if not is_template(history):
+            history_option.HISTORY.parse(history)
         # Which tables a batch writes is known only once it is drained: the events go through an alias.
         kwargs["outlets"] = [*(kwargs.get("outlets") or ()), alias(asset_alias)]
         super().__init__(application=APPLY_JOB_PATH, name=name, **kwargs)
@@ -104,6 +115,7 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
         self.table_parallelism = table_parallelism
         self.partition_by = partition_by
         self.deletes = deletes
+        self.history = history
         self._manifest: Manifest | None = None  # read when the task runs
         self._job_options: list[str] = []  # the rendered options, checked, as the job takes them
 
@@ -141,8 +153,11 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
             return
         check_manifest(manifest, partitions)  # before the job is submitted: nothing is committed
         deletes_option.check_manifest(manifest, deletes)
+        history = history_option.HISTORY.parse(self.history)
+        history_option.HISTORY.check_manifest(manifest, history)
         self._job_options = ["--partition-by", option_text(partitions)] if partitions else []
         self._job_options += ["--deletes", deletes_option.option_text(deletes)] if deletes else []
+        self._job_options += ["--history", history_option.option_text(history)] if history else []
         super().execute(context)
         self._emit_table_events(context, manifest)
 

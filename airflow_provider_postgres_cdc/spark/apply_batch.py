@@ -4,12 +4,14 @@
         --manifest <staging>/<slot>/<batch id>/_manifest.json --catalog lake [--namespace-prefix P] \
         [--tables public.orders,public.items] [--write-mode merge-on-read|copy-on-write] \
         [--partition-by '{"public.orders": ["days(placed_at)"]}'] [--deletes soft|'{"public.orders": "soft"}']
+        [--history scd2|'{"public.orders": "scd2"}']
 
 The catalog itself is configured the Spark way (``spark.sql.catalog.<name>.*``; the apply operator
 passes them from its lake connection). Per table, one Iceberg commit applies the batch and records
 it in the snapshot summary (docs/LAKE.md): a snapshot load creates or overwrites the table, a batch
-is reduced to its net effect per key and merged with one ``MERGE INTO``. A table and its changelog
-take each change once, whatever window of the stream it was staged in (``formats/window.py``).
+is reduced to its net effect per key and merged with one ``MERGE INTO``. A table, its changelog and
+its history table (``history="scd2"``, ``spark/history.py``) take each change once, whatever window
+of the stream it was staged in (``formats/window.py``).
 Before any of this, the run's tables are registered in the slot's index, through which the cut,
 the ack and maintenance find the pipeline's tables.
 Once every table of the batch has committed, every table of the pipeline is tagged
@@ -36,9 +38,11 @@ from pyspark.sql.types import StructType
 
 from airflow_provider_postgres_cdc.errors import ApplyError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats import deletes as deletes_option
+from airflow_provider_postgres_cdc.formats import history as history_option
 from airflow_provider_postgres_cdc.formats import lake
 from airflow_provider_postgres_cdc.formats.column_transforms import check_recorded
 from airflow_provider_postgres_cdc.formats.deletes import DeleteMode, DeletesOption, mode_for, recorded_mode
+from airflow_provider_postgres_cdc.formats.history import HistoryOption
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling
@@ -48,11 +52,10 @@ from airflow_provider_postgres_cdc.formats.partitioning import (
     parse_partition_by,
 )
 from airflow_provider_postgres_cdc.formats.schema_changes import SourceColumn, encode_columns
-from airflow_provider_postgres_cdc.formats.window import Window, changelog_window, table_window
+from airflow_provider_postgres_cdc.formats.window import Window, table_window
 from airflow_provider_postgres_cdc.spark import TABLE_PARALLELISM, multiset
+from airflow_provider_postgres_cdc.spark.change_logs import ChangeLogs, within
 from airflow_provider_postgres_cdc.spark.changes import (
-    BATCH_ID,
-    COMMIT_LSN,
     ROW_KEY,
     UNFILLED,
     NetEffect,
@@ -123,6 +126,7 @@ class ApplyJob:
         manifest_path: str,
         partitions: PartitionSpecs | None = None,
         deletes: DeletesOption = None,
+        history: HistoryOption = None,
     ) -> None:
         self.spark = spark
         self.tables = tables
@@ -130,6 +134,7 @@ class ApplyJob:
         self.base_dir = base_dir(manifest_path)
         self.partitions = partitions or {}  # a table it does not name keeps its spec
         self.deletes = deletes
+        self.logs = ChangeLogs(tables, manifest, self.summary, self._refuse_unfilled, history)
 
     def _deletes(self, spec: TableManifest, table: Any) -> DeleteMode:
         """The table's delete mode: the option's, or (not named) the one the table was loaded with."""
@@ -192,6 +197,7 @@ class ApplyJob:
         if rows is None:
             rows = self.spark.createDataFrame([], declared_schema(spec))
         mode, keys = self._deletes(spec, table), key_columns(spec, [c.name for c in table_columns(rows)])
+        history, snapshot_rows = self.logs.history_mode(spec, table), rows
         if mode == "soft":  # the lake's rows the snapshot lacks stay, marked deleted
             lake_rows = None if table is None else self.spark.table(self.tables.name(identifier))
             at = datetime.fromisoformat(self.manifest.created_at.replace("Z", "+00:00"))
@@ -210,16 +216,21 @@ class ApplyJob:
         rows = rows.orderBy(column(keys[0])) if keys else rows  # key-ordered files: see MERGE's key range
         partition = self.partitions.get(spec.qualified)
         if table is None:
+            if history == "scd2":
+                self.logs.load_history(spec, table, snapshot_rows, keys, applied_end, ((), ""))
             transforms = spec.column_transforms
-            self.tables.create(identifier, rows, summary, self.manifest.slot, partition, mode, transforms)
+            slot = self.manifest.slot
+            self.tables.create(identifier, rows, summary, slot, partition, mode, transforms, history)
         else:
             retired = f"__pgl_before_{int(point):016X}"
             retyped = self.tables.replace_column_types(identifier, table_columns(rows), retired)
             changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
             self.tables.retire_changelog_columns(changelog, retyped, retired)
+            if history == "scd2":
+                self.logs.load_history(spec, table, snapshot_rows, keys, applied_end, (retyped, retired))
             self.tables.evolve(identifier, table_columns(rows))
             self.tables.conform_spec(identifier, partition)
-            self.tables.conform_recorded(identifier, mode, spec.column_transforms)
+            self.tables.conform_recorded(identifier, mode, spec.column_transforms, history)
             current = table.currentSnapshot()  # as read above: a commit since then makes this one fail
             read_snapshot = int(current.snapshotId()) if current is not None else None
             self.tables.overwrite(
@@ -258,6 +269,7 @@ class ApplyJob:
             raise deletes_option.changed_mode_error(spec.qualified, recorded_mode(table.properties()), mode)
         if table is not None:  # nor the column transforms
             check_recorded(spec.qualified, table.properties(), spec.column_transforms, _names(spec))
+        history, new_table = self.logs.check_batch_mode(spec, table), table is None
         base = state.base_lsn if state is not None else ZERO
         steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, window.start)
         staged, partition = self._live_changes(spec, window.start), self.partitions.get(spec.qualified)
@@ -267,10 +279,12 @@ class ApplyJob:
                 self.tables.record(table, summary, _snapshot_id(table))
             return TableResult(spec.qualified, "applied")
         staged = steps.fill_staged(staged, self.spark)
-        logging_window = self._changelog_window(spec, base)
+        logging_window = self.logs.changelog_window(spec, base)
+        versions_window = self.logs.history_window(spec, base) if history == "scd2" else logging_window
         # Read again by each step (the files are the batch's): cheaper than caching a copy.
-        candidates = _within(staged, Window(min(window.start, logging_window.start), end))
-        changes = _within(candidates, window)
+        start = min(window.start, logging_window.start, versions_window.start)
+        candidates = within(staged, Window(start, end))
+        changes = within(candidates, window)
         columns = table_columns(changes)
         counted = spec.counts_rows  # no key: a count per distinct row (spark/multiset.py)
         keys = [] if counted else key_columns(spec, [c.name for c in columns])
@@ -283,13 +297,16 @@ class ApplyJob:
             empty = unmarked(empty) if mode == "soft" else empty
             created = self.summary(ZERO, ZERO, started=begun)
             transforms = spec.column_transforms
-            self.tables.create(identifier, empty, created, self.manifest.slot, partition, mode, transforms)
+            slot = self.manifest.slot
+            self.tables.create(identifier, empty, created, slot, partition, mode, transforms, history)
             table = self.tables.java_table(identifier)
         read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
         lake_columns = self.tables.schema(identifier).fieldNames()
         self.tables.evolve(identifier, columns)
         self.tables.conform_spec(identifier, partition)
-        self._append_changelog(spec, candidates, logging_window)
+        self.logs.append_changelog(spec, candidates, logging_window)
+        if history == "scd2":
+            self.logs.merge_history(spec, candidates, columns, keys, versions_window, new_table)
         target = self.tables.name(identifier)
         if read_snapshot is not None:
             self.tables.open_branch(table, read_snapshot)
@@ -357,21 +374,6 @@ class ApplyJob:
             )
             return read_staged(self.spark, spec.qualified, live) if live else None
 
-    def _changelog_window(self, spec: TableManifest, base: Lsn) -> Window:
-        """The batch's changes the table's changelog has not logged (``formats/window.py``)."""
-        changelog = self.tables.java_table(self.tables.config.changelog_identifier(spec.schema, spec.table))
-        history = self.tables.history(changelog) if changelog is not None else ()
-        return changelog_window(self.manifest.end_lsn, base, history)
-
-    def _append_changelog(self, spec: TableManifest, candidates: DataFrame, window: Window) -> None:
-        """Log the changes of ``window``, recording the range in the commit (none when it is empty)."""
-        if window.empty:
-            return
-        m = self.manifest
-        rows = _within(candidates, window).withColumn(BATCH_ID, sf.lit(m.batch_id))
-        summary = self.summary(ZERO, m.end_lsn, started=time.time(), logged_from=window.start)
-        self.tables.append(self.tables.config.changelog_identifier(spec.schema, spec.table), rows, summary)
-
     # ----------------------------------------------------------------------------------- run
 
     def run(self, specs: Sequence[TableManifest], parallelism: int = TABLE_PARALLELISM) -> list[TableResult]:
@@ -425,12 +427,6 @@ def _names(spec: TableManifest) -> list[str]:
     return [c.name for c in spec.columns]
 
 
-def _within(changes: DataFrame, window: Window) -> DataFrame:
-    """The changes whose commit LSN is in ``window``."""
-    lsn = sf.col(COMMIT_LSN)
-    return changes.where((lsn >= int(window.start)) & (lsn < int(window.end)))
-
-
 def apply_manifest(
     spark: SparkSession,
     manifest_path: str,
@@ -440,6 +436,7 @@ def apply_manifest(
     parallelism: int = TABLE_PARALLELISM,
     partition_by: str | None = None,
     deletes: str | None = None,
+    history: str | None = None,
 ) -> list[TableResult]:
     """Apply a snapshot or batch manifest to the lake; the Python entry point of the job.
 
@@ -454,6 +451,8 @@ def apply_manifest(
     config.check_names((s.schema, s.table) for s in manifest.tables)  # before any table is touched
     check_manifest(manifest, partitions)
     deletes_option.check_manifest(manifest, soft)
+    versions = history_option.HISTORY.parse(history)
+    history_option.HISTORY.check_manifest(manifest, versions)
     specs = list(manifest.tables)
     if tables:
         wanted = set(tables)
@@ -462,12 +461,13 @@ def apply_manifest(
             raise ApplyError(f"--tables names {sorted(unknown)} not in manifest {manifest_path}")
         specs = [s for s in specs if s.qualified in wanted]
     with interpreted_if_small(spark, manifest):
-        return ApplyJob(spark, lake_tables, manifest, manifest_path, partitions, soft).run(specs, parallelism)
+        job = ApplyJob(spark, lake_tables, manifest, manifest_path, partitions, soft, versions)
+        return job.run(specs, parallelism)
 
 
 def _run(spark: SparkSession, config: LakeConfig, args: argparse.Namespace) -> list[dict[str, Any]]:
     tables = [t.strip() for t in args.tables.split(",") if t.strip()]
-    options = (args.write_mode, args.table_parallelism, args.partition_by, args.deletes)
+    options = (args.write_mode, args.table_parallelism, args.partition_by, args.deletes, args.history)
     results = apply_manifest(spark, args.manifest, config, tables, *options)
     return [{"manifest": args.manifest, "tables": [asdict(r) for r in results]}]
 
@@ -487,6 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--partition-by", default="", help='JSON: {"schema.table": ["days(col)", ...]} (docs/LAKE.md)'
     )
     parser.add_argument("--deletes", default="", help='soft, hard, or JSON: {"schema.table": "soft"}')
+    parser.add_argument("--history", default="", help='scd2, none, or JSON: {"schema.table": "scd2"}')
     return run_job(parser, _run, argv)
 
 

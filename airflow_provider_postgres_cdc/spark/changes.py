@@ -183,13 +183,13 @@ def build_events(changes: DataFrame, columns: Sequence[StructField], keys: Seque
     """Row events in apply order: an upsert per I/U, a delete per D and per U that changed the key.
 
     A key change's delete sorts before its upsert (``SUB`` 0 before 1), so an update that keeps
-    its key still ends as an upsert.
+    its key still ends as an upsert. ``OP`` stays the change's (a key change's delete has ``U``).
     """
     names = [c.name for c in columns]
     new_key, old_key = key_struct(keys), key_struct(keys, OLD)
     has_old = sf.col(OLD).isNotNull()
     nulls = [sf.lit(None).cast(c.dataType).alias(c.name) for c in columns]
-    meta = [sf.col(COMMIT_LSN), sf.col(COMMIT_TIME), sf.col(SEQ), sf.col(UNCHANGED)]
+    meta = [sf.col(COMMIT_LSN), sf.col(COMMIT_TIME), sf.col(SEQ), sf.col(OP), sf.col(UNCHANGED)]
     upserts = changes.where(sf.col(OP).isin("I", "U")).select(
         *meta,
         sf.lit(1).alias(SUB),

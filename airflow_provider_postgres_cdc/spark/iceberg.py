@@ -29,6 +29,7 @@ from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogEr
 from airflow_provider_postgres_cdc.formats import lake, lake_index
 from airflow_provider_postgres_cdc.formats.column_transforms import TRANSFORMS_PROPERTY
 from airflow_provider_postgres_cdc.formats.deletes import DELETES_PROPERTY, DeleteMode
+from airflow_provider_postgres_cdc.formats.history import HISTORY_PROPERTY, HistoryMode
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.partitioning import PARTITION_PROPERTY, PartitionField, spec_text
@@ -280,13 +281,15 @@ class IcebergTables:
         partition: Sequence[PartitionField] | None = None,
         deletes: DeleteMode = "hard",
         transforms: str = "",
+        history: HistoryMode = "none",
     ) -> None:
         """Create the table with its first rows in one commit (an atomic CREATE TABLE AS SELECT),
         under the partition spec ``partition`` names (``spark/partitioning.py``; None: unpartitioned),
-        recording its delete mode (``spark/soft_deletes.py``) and column transforms."""
+        recording its delete mode (``spark/soft_deletes.py``), column transforms and history mode."""
         self.ensure_namespace(identifier[0])
         properties = {**self.table_properties(slot), DELETES_PROPERTY: deletes}
         properties.update({TRANSFORMS_PROPERTY: transforms} if transforms else {})
+        properties.update({HISTORY_PROPERTY: history} if history != "none" else {})
         if partition is not None:
             properties[PARTITION_PROPERTY] = spec_text(partition)
         if partition:  # Spark's DataFrame writer has no truncate transform: SQL has them all
@@ -359,18 +362,21 @@ class IcebergTables:
         if partition is not None:
             conform_spec(self._jvm, self.java_table(identifier), partition)
 
-    def conform_recorded(self, identifier: tuple[str, str], mode: DeleteMode, transforms: str) -> None:
+    def conform_recorded(
+        self, identifier: tuple[str, str], mode: DeleteMode, transforms: str, history: HistoryMode
+    ) -> None:
         """Switch a table a load rewrites to delete ``mode`` (``spark/soft_deletes.py``) and record the
-        column ``transforms`` its rows are staged under (``formats/column_transforms.py``)."""
+        column ``transforms`` its rows are staged under (``formats/column_transforms.py``) and its
+        ``history`` mode (``formats/history.py``)."""
         conform_mode(self._jvm, self.java_table(identifier), mode)
         table = self.java_table(identifier)
-        if (table.properties().get(TRANSFORMS_PROPERTY) or "") != transforms:
+        wanted = {TRANSFORMS_PROPERTY: transforms, HISTORY_PROPERTY: "" if history == "none" else history}
+        changed = {k: v for k, v in wanted.items() if (table.properties().get(k) or "") != v}
+        if changed:
             update = table.updateProperties()
-            (
-                update.set(TRANSFORMS_PROPERTY, transforms)
-                if transforms
-                else update.remove(TRANSFORMS_PROPERTY)
-            ).commit()
+            for key, value in changed.items():
+                update = update.set(key, value) if value else update.remove(key)
+            update.commit()
 
     def merge(self, sql: str, summary: Mapping[str, str]) -> None:
         """Run a batch's ``MERGE INTO``, its commit carrying ``summary`` (:meth:`sql_commit`)."""

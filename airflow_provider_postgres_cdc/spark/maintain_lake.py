@@ -4,7 +4,7 @@
         --catalog lake [--namespace-prefix P] --slot-name S [--keep-cuts 48] [--older-than-hours 24] \
         [--skip rewrite,tags,expire,orphans]
 
-For every table the slot owns and its changelog table, in this order:
+For every table the slot owns, its changelog and its history table, in this order:
 
 1. ``rewrite_data_files`` compacts small files and folds position deletes into the data
    (``rewrite_position_delete_files`` follows on merge-on-read tables, for the delete files left);
@@ -110,13 +110,14 @@ class LakeMaintenance:
         return self.spark.sql(sql).collect()
 
     def targets(self) -> list[tuple[str, str]]:
-        """The slot's data tables and, after each, its changelog table when it has one."""
+        """The slot's data tables and, after each, its changelog and history tables when it has them."""
         found = []
         for identifier in self.tables.owned_tables(self.slot):
             found.append(identifier)
-            changelog = (identifier[0], identifier[1] + lake.CHANGELOG_SUFFIX)
-            if self.tables.java_table(changelog) is not None:
-                found.append(changelog)
+            for suffix in (lake.CHANGELOG_SUFFIX, lake.HISTORY_SUFFIX):
+                companion = (identifier[0], identifier[1] + suffix)
+                if self.tables.java_table(companion) is not None:
+                    found.append(companion)
         return found
 
     # ---------------------------------------------------------------------------- compaction

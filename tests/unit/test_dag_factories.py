@@ -158,6 +158,7 @@ def test_every_dag_creating_lake_tables_takes_the_partition_param(
 ) -> None:
     from airflow_provider_postgres_cdc.formats.column_transforms import parse_column_transforms
     from airflow_provider_postgres_cdc.formats.deletes import parse_deletes
+    from airflow_provider_postgres_cdc.formats.history import HISTORY
     from airflow_provider_postgres_cdc.formats.partitioning import parse_partition_by
 
     dag = factory(staging=STAGING, partition_by={"public.orders": ["days(placed_at)"]})
@@ -174,6 +175,11 @@ def test_every_dag_creating_lake_tables_takes_the_partition_param(
         context = {"params": {**params, "deletes": deletes}}
         rendered = task.render_template(task.deletes, context, dag.get_template_env())
         assert parse_deletes(rendered) == deletes
+    assert params["history"] == {}
+    for history in ("scd2", {"public.orders": "scd2"}):
+        context = {"params": {**params, "history": history}}
+        rendered = task.render_template(task.history, context, dag.get_template_env())
+        assert HISTORY.parse(rendered) == history
     # The drain (or the snapshot) takes the column transforms, as a run's conf gives them.
     staging_task = dag.get_task(task_id.rsplit(".", 1)[0] + (".drain" if "apply" in task_id else ".snapshot"))
     assert params["column_transforms"] == {}

@@ -2,7 +2,8 @@
 
 Real PostgreSQL, real ``airflow dags test`` on the example DAGs, real ``spark-submit`` in local
 mode, two lake tables partitioned and two keeping deleted rows (read as documented: the marked
-rows left out), and customers' personal columns hashed or dropped before staging. The initial
+rows left out), three keeping every version of their rows (read "valid at" each cut, they are the
+table at that cut), and customers' personal columns hashed or dropped before staging. The initial
 snapshot's DAG run is SIGKILLed with its worker during its copy, then during its load, and simply
 run again. The CDC crash is produced by running the pipeline's own steps partway, exactly as a
 killed worker leaves them: a batch applied but not acknowledged. The next run must converge, with
@@ -29,6 +30,7 @@ from airflow_provider_postgres_cdc.replication import connect, describe_slot
 from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 from tests.integration.e2e.e2e_support import assert_changelog_exactly_once as changelog_exactly_once
 from tests.integration.e2e.e2e_support import (
+    assert_history_at_every_cut,
     lake_snapshots,
     lake_state,
     make_lake,
@@ -44,6 +46,8 @@ SOFT = {"public.orders": "soft", "public.carts": "soft"}  # the shop deletes ord
 # Customers' personal data hashed or dropped before staging, under the key of a connection.
 TRANSFORMS = {"public.customers": {"email": "hash", "tags": "hash", "name": "drop"}}
 HASH_KEY = "e2e-hash-key-of-the-shop-0123456789"
+# Every version of three tables kept (key changes, unchanged TOAST values, a TRUNCATE each batch).
+HISTORY = {"public.orders": "scd2", "public.products": "scd2", "public.carts": "scd2"}
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
 
@@ -65,7 +69,7 @@ def test_snapshot_batches_and_crashes_end_equal(
         connections={"postgres_cdc_hash_key": key_conn},
     )
     conf = {**pipeline_conf(SLOT, staging), "partition_by": PARTITION_BY, "deletes": SOFT}
-    conf["column_transforms"] = TRANSFORMS
+    conf["column_transforms"], conf["history"] = TRANSFORMS, HISTORY
     transforms = ColumnTransformer(TRANSFORMS, HASH_KEY.encode())
     kill_the_initial_snapshot_twice(pg_cluster, sandbox, conf, lake, staging)
     sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()  # the user's re-run: no other step
@@ -110,6 +114,7 @@ def test_snapshot_batches_and_crashes_end_equal(
     cut = latest_cut(lake, SLOT)
     assert cut is not None and cut.lsn == acked
     assert set(cut.snapshots) == {lake.identifier(*t.split(".", 1)) for t in TABLES}
+    assert assert_history_at_every_cut(lake, list(HISTORY)) >= 3 * len(HISTORY)
 
     # Maintenance: compaction, one cut kept, acknowledged staging removed; the pipeline goes on.
     states = {t: lake_state(lake, t) for t in TABLES}

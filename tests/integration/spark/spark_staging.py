@@ -34,6 +34,7 @@ class Change:
     old: Row | None = None
     unchanged: list[str] = field(default_factory=list)
     xid: int = 0
+    time: datetime | None = None  # its commit time (default: COMMIT_TIME)
 
 
 def ins(lsn: int, seq: int, **row: Any) -> Change:
@@ -109,7 +110,9 @@ def change_table(tdef: TableDef, changes: list[Change]) -> pa.Table:
     cols["_pgl_end_lsn"] = pa.array([c.commit_lsn + 40 for c in changes], pa.int64())
     cols["_pgl_seq"] = pa.array([c.seq for c in changes], pa.int64())
     cols["_pgl_xid"] = pa.array([c.xid or c.commit_lsn for c in changes], pa.int64())
-    cols["_pgl_commit_time"] = pa.array([COMMIT_TIME for _ in changes], pa.timestamp("us", tz="UTC"))
+    cols["_pgl_commit_time"] = pa.array(
+        [c.time or COMMIT_TIME for c in changes], pa.timestamp("us", tz="UTC")
+    )
     cols["_pgl_unchanged"] = pa.array([c.unchanged for c in changes], pa.list_(pa.string()))
     cols["_pgl_old"] = pa.array(
         [None if c.old is None else {n: c.old.get(n) for n in tdef.names} for c in changes], old_type

@@ -29,6 +29,7 @@ SUBSET = (
     "tests/integration/spark/test_value_overflow.py::test_overflowing_values_and_time_reach_the_lake_exactly",
     "tests/integration/spark/test_maintenance.py::test_maintenance_keeps_rows_cuts_and_state",
     "tests/integration/spark/test_partitioned_apply.py::test_a_partitioned_table_takes_batches_reloads_a_new_spec_and_maintenance",
+    "tests/integration/spark/test_history.py::test_a_load_switches_history_on_and_a_reload_behind_the_lake_takes_the_replayed_changes",
 )
 pytestmark = pytest.mark.spark
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_postgres_cdc.errors import DeletesOptionError, PartitionSpecError
+from airflow_provider_postgres_cdc.errors import DeletesOptionError, HistoryOptionError, PartitionSpecError
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.manifest import (
@@ -207,28 +207,30 @@ def test_the_partition_option_is_checked_when_parsed_and_against_the_batch_befor
     assert json.loads(option) == {"public.t": ["bucket(8, id)"], "public.other": ["days(at)"]}
 
 
-def test_the_deletes_option_is_checked_when_parsed_and_against_the_batch_before_submitting(
-    submitted: list[dict[str, Any]], tmp_path: Path
+@pytest.mark.parametrize(
+    ("option", "mode", "error"),
+    [("deletes", "soft", DeletesOptionError), ("history", "scd2", HistoryOptionError)],
+)
+def test_a_table_mode_option_is_checked_when_parsed_and_against_the_batch_before_submitting(
+    submitted: list[dict[str, Any]], tmp_path: Path, option: str, mode: str, error: type[Exception]
 ) -> None:
-    with pytest.raises(DeletesOptionError, match="must be 'hard' or 'soft', not 'archive'"):
+    with pytest.raises(error, match=r"must be '.*' or '.*', not 'archive'"):
         PostgresCdcSparkApplyOperator(
-            task_id="apply", manifest="m", lake_conn_id="shop_lake", deletes={"public.t": "archive"}
+            task_id="apply", manifest="m", lake_conn_id="shop_lake", **{option: {"public.t": "archive"}}
         )
     keyless = dataclasses.replace(TABLE, key_columns=(), replica_identity="f")
     refused = PostgresCdcSparkApplyOperator(
-        task_id="apply",
-        manifest=write_manifest(tmp_path, (keyless,)),
-        lake_conn_id="shop_lake",
-        deletes="soft",
-    )
-    with pytest.raises(DeletesOptionError, match="its changes carry no key"):
+        task_id="apply", manifest=write_manifest(tmp_path, (keyless,)), lake_conn_id="shop_lake",
+        **{option: mode},
+    )  # fmt: skip
+    with pytest.raises(error, match="its changes carry no key"):
         refused.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
     assert submitted == []
     taken = PostgresCdcSparkApplyOperator(
         task_id="apply", manifest=write_manifest(tmp_path, (TABLE,)), lake_conn_id="shop_lake",
-        deletes='{"public.t": "soft"}',
+        **{option: f'{{"public.t": "{mode}"}}'},
     )  # fmt: skip
     taken.execute({"outlet_events": _NoEvents()})  # type: ignore[arg-type]
     (call,) = submitted
-    assert json.loads(call["args"][call["args"].index("--deletes") + 1]) == {"public.t": "soft"}
+    assert json.loads(call["args"][call["args"].index(f"--{option}") + 1]) == {"public.t": mode}
     assert "--partition-by" not in call["args"]
