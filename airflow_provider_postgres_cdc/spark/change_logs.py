@@ -33,6 +33,7 @@ from airflow_provider_postgres_cdc.formats.window import Window, changelog_windo
 from airflow_provider_postgres_cdc.spark.changes import BATCH_ID, COMMIT_LSN, NetEffect, table_columns
 from airflow_provider_postgres_cdc.spark.history import merge_sql, opened, version_step
 from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, temp_view
+from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds
 
 log = logging.getLogger("postgres_cdc.apply")
 
@@ -156,7 +157,9 @@ class ChangeLogs:
         if step.unfilled is not None:
             self.refuse_unfilled(spec, NetEffect(step.rows.limit(0), False, step.unfilled))
         carried = [*(c.name for c in columns), *VERSION_COLUMNS]
-        sql = merge_sql(name, temp_view(step.rows), self.tables.schema(identifier).fields, carried, keys)
+        schema = self.tables.schema(identifier)
+        bounds = key_bounds(step.key_range, schema[keys[0]].dataType)
+        sql = merge_sql(name, temp_view(step.rows), schema.fields, carried, keys, bounds)
         end = self.manifest.end_lsn if until is None else until
         self.tables.merge(sql, self.summary(ZERO, end, started=time.time(), logged_from=logged_from))
         log.info("%s: %d change(s) taken into its history", spec.qualified, step.changes)
@@ -197,7 +200,7 @@ class ChangeLogs:
                 self.tables.spark.sql(f"DROP TABLE {self.tables.name(identifier)}")
             at = datetime.fromisoformat(self.manifest.created_at.replace("Z", "+00:00"))
             # Valid from the point minus one: the snapshot holds the commits below the point.
-            versions = opened(rows, int(point) - 1, at)
+            versions = opened(rows, int(point) - 1, at, keys[0])
             self._create(spec, versions, self.summary(point, point, started=time.time(), logged_from=point))
             start = point
         changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as sf
@@ -56,8 +57,10 @@ END, VERSION = "E", "V"
 _NEXT = "_pgl_x_next"  # prefix of the next event's columns on the version's key
 
 
-def opened(rows: DataFrame, lsn: int, at: datetime) -> DataFrame:
-    """``rows`` (a snapshot's) as current versions valid from commit LSN ``lsn`` and time ``at``."""
+def opened(rows: DataFrame, lsn: int, at: datetime, first_key: str | None = None) -> DataFrame:
+    """``rows`` (a snapshot's) as current versions valid from commit LSN ``lsn`` and time ``at``,
+    ordered by ``first_key`` (key-ordered files: a batch's MERGE reads only those of its key range)."""
+    rows = rows.orderBy(column(first_key)) if first_key is not None else rows
     return rows.select(
         *[column(name) for name in rows.columns],
         sf.lit(lsn).cast(LongType()).alias(VALID_FROM_LSN),
@@ -73,11 +76,13 @@ def opened(rows: DataFrame, lsn: int, at: datetime) -> DataFrame:
 class VersionStep:
     """What a run of changes does to a history: ``rows`` to merge (``FLAG`` says which are ends of
     current versions, keyed by their key columns, and which new versions), ``unfilled`` the upserts
-    whose unchanged TOAST values no earlier version holds (``changes.NetEffect``), and ``changes``."""
+    whose unchanged TOAST values no earlier version holds (``changes.NetEffect``), ``changes``, and
+    ``key_range``, the first key's range of the versions it ends (None: all of them, at a TRUNCATE)."""
 
     rows: DataFrame
     unfilled: DataFrame | None
     changes: int
+    key_range: tuple[Any, Any] | None
 
 
 def _truncates(changes: DataFrame) -> list[tuple[int, int, int]]:
@@ -121,7 +126,7 @@ def version_step(
 ) -> VersionStep:
     """The rows that take ``changes`` (one table's, in commit order) into a history whose current
     versions are ``current`` (with the table's columns, whose values fill unchanged TOAST ones)."""
-    facts = batch_facts(changes)
+    facts = batch_facts(changes, keys[0])
     truncates = _truncates(changes) if facts.truncate is not None else []
     events = build_events(changes, columns, keys)
     filled = sorted(facts.unchanged & {c.name for c in columns})
@@ -161,15 +166,23 @@ def version_step(
         sf.lit(END).alias(FLAG),
     )
     rows = versions.unionByName(ends, allowMissingColumns=True)
-    return VersionStep(rows, unfilled, facts.changes)
+    return VersionStep(rows, unfilled, facts.changes, None if truncates else facts.key_range)
 
 
 def merge_sql(
-    target: str, source: str, schema: Sequence[StructField], carried: Sequence[str], keys: Sequence[str]
+    target: str,
+    source: str,
+    schema: Sequence[StructField],
+    carried: Sequence[str],
+    keys: Sequence[str],
+    bounds: tuple[str, str] | None,
 ) -> str:
     """The ``MERGE INTO`` of a :class:`VersionStep`'s rows (which carry the columns ``carried``):
-    ends update current versions, versions are inserted (a column they lack is NULL)."""
+    ends update current versions, versions are inserted (a column they lack is NULL). ``bounds``
+    (``merge_sql.key_bounds`` of its key range) restrict the versions it reads, as the table's."""
     on = " AND ".join(f"t.{quote(k)} <=> s.{quote(k)}" for k in keys)
+    if bounds is not None:
+        on += f" AND t.{quote(keys[0])} BETWEEN {bounds[0]} AND {bounds[1]}"
     ends = ", ".join(f"t.{quote(name)} = s.{quote(name)}" for name in (VALID_TO_LSN, VALID_TO, ENDED_BY))
     names = ", ".join(quote(f.name) for f in schema)
     values = ", ".join(f"s.{quote(f.name)}" if f.name in carried else "NULL" for f in schema)
