@@ -5,8 +5,8 @@ table: one row per version of a source row, its published columns (after column 
 
 * :data:`VALID_FROM_LSN` and :data:`VALID_FROM`: the commit LSN and time of the transaction that
   wrote the version. A row the loading snapshot found has the snapshot's consistent point minus
-  one (it holds exactly the transactions whose commit LSN is below that point) and the time the
-  snapshot's manifest was written;
+  one (it holds exactly the transactions whose commit LSN is below that point) and the time its
+  slot was created (``Manifest.consistent_time``);
 * :data:`VALID_TO_LSN` and :data:`VALID_TO`: those of the transaction that replaced or removed it,
   NULL while it is the current version; :data:`IS_CURRENT` says the same as a boolean;
 * :data:`ENDED_BY`: ``"update"`` (a key change ends the old key's version with it), ``"delete"``

@@ -37,7 +37,8 @@ def is_sibling(name: str) -> bool:
     return name.endswith(SIBLING_SUFFIX)
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
+    """Now, as manifests write times (ISO 8601, UTC, microseconds)."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -219,7 +220,8 @@ class Manifest:
     ``snapshot_name`` is the exported snapshot the copy read; for a batch they are the LSN
     window and ``snapshot_name`` is ``None``. ``snapshot_slot`` names the slot that exported
     the snapshot: ``slot`` itself for an initial snapshot, a temporary slot for a re-snapshot
-    (whose ``slot`` is the pipeline's slot, the stream it continues).
+    (whose ``slot`` is the pipeline's slot, the stream it continues); ``snapshot_taken_at`` when
+    that slot was created.
     """
 
     kind: Kind
@@ -231,9 +233,17 @@ class Manifest:
     tables: tuple[TableManifest, ...]
     snapshot_name: str | None = None
     snapshot_slot: str | None = None
-    created_at: str = field(default_factory=_utc_now)
+    created_at: str = field(default_factory=utc_now)
     stats: ManifestStats = field(default_factory=ManifestStats)
     format_version: int = FORMAT_VERSION
+    snapshot_taken_at: str | None = None
+
+    @property
+    def consistent_time(self) -> str:
+        """When the source was as a snapshot holds it: the time its slot was created (every
+        transaction it holds committed before), or, for a manifest that lacks it, when it was
+        written."""
+        return self.snapshot_taken_at or self.created_at
 
     def table(self, schema: str, table: str) -> TableManifest:
         """The entry of one table; ``KeyError`` when the manifest has none."""
@@ -265,6 +275,8 @@ class Manifest:
             data["snapshot_name"] = self.snapshot_name
             if self.snapshot_slot is not None:
                 data["snapshot_slot"] = self.snapshot_slot
+            if self.snapshot_taken_at is not None:
+                data["snapshot_taken_at"] = self.snapshot_taken_at
         data["created_at"] = self.created_at
         data["tables"] = [entry.to_dict() for entry in self.tables]
         data["stats"] = self.stats.to_dict()
@@ -299,6 +311,7 @@ class Manifest:
             tables=tuple(TableManifest.from_dict(t) for t in _require(data, "tables", where)),
             snapshot_name=data.get("snapshot_name"),
             snapshot_slot=data.get("snapshot_slot"),
+            snapshot_taken_at=data.get("snapshot_taken_at"),
             created_at=str(_require(data, "created_at", where)),
             stats=ManifestStats.from_dict(data.get("stats") or {}),
             format_version=FORMAT_VERSION,

@@ -200,7 +200,7 @@ class ApplyJob:
         history, snapshot_rows = self.logs.history_mode(spec, table), rows
         if mode == "soft":  # the lake's rows the snapshot lacks stay, marked deleted
             lake_rows = None if table is None else self.spark.table(self.tables.name(identifier))
-            at = datetime.fromisoformat(self.manifest.created_at.replace("Z", "+00:00"))
+            at = datetime.fromisoformat(self.manifest.consistent_time.replace("Z", "+00:00"))
             rows = unmarked(rows) if lake_rows is None else reloaded(rows, lake_rows, keys, int(point), at)
         replayed, applied_end = 0, point
         source_columns: str | None = encode_columns(

@@ -198,7 +198,7 @@ class ChangeLogs:
             if history is not None:
                 log.warning("%s: its history is rebuilt from this snapshot", spec.qualified)
                 self.tables.spark.sql(f"DROP TABLE {self.tables.name(identifier)}")
-            at = datetime.fromisoformat(self.manifest.created_at.replace("Z", "+00:00"))
+            at = datetime.fromisoformat(self.manifest.consistent_time.replace("Z", "+00:00"))
             # Valid from the point minus one: the snapshot holds the commits below the point.
             versions = opened(rows, int(point) - 1, at, keys[0])
             self._create(spec, versions, self.summary(point, point, started=time.time(), logged_from=point))

@@ -49,7 +49,7 @@ from airflow_provider_postgres_cdc.formats.column_transforms import check_copy_e
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.layout import MANIFEST_NAME, SNAPSHOT_PREFIX, snapshot_batch_id
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.formats.manifest import Manifest, ManifestStats, TableManifest
+from airflow_provider_postgres_cdc.formats.manifest import Manifest, ManifestStats, TableManifest, utc_now
 from airflow_provider_postgres_cdc.replication import connect, connect_replication
 from airflow_provider_postgres_cdc.replication.connection import ConnParams
 from airflow_provider_postgres_cdc.replication.publications import published_tables
@@ -174,6 +174,7 @@ class SnapshotRun:
         self._holder_pid = 0
         self._catalog: Any = None
         self._started = 0.0
+        self._taken_at: str | None = None
         self._last_log = 0.0
 
     def __enter__(self) -> SnapshotRun:
@@ -235,6 +236,7 @@ class SnapshotRun:
         self.created = create_slot_with_snapshot(
             self._holder, exporter, temporary=temporary, failover=failover
         )
+        self._taken_at = utc_now()  # every transaction the snapshot holds committed before this
         log.info(
             "created %s%sslot %s at consistent point %s, exported snapshot %s",
             "temporary " if temporary else "", "failover " if failover else "", exporter,
@@ -365,6 +367,7 @@ class SnapshotRun:
             end_lsn=self.consistent_point,
             snapshot_name=self.snapshot_name,
             snapshot_slot=self.created.slot_name if self.created else None,
+            snapshot_taken_at=self._taken_at,
             tables=tuple(
                 self._recorded(copy.plan.manifest(copy.rows, copy.files, copy.fields)) for copy in copies
             ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,10 +34,13 @@ def test_rows_before_the_slot_are_copied_rows_after_it_are_streamed(
     pg_cluster.execute("CREATE TABLE t (id int PRIMARY KEY, note text)", db)
     pg_cluster.execute("INSERT INTO t SELECT g, 'before ' || g FROM generate_series(1, 500) g", db)
     pg_cluster.execute("CREATE PUBLICATION p FOR TABLE t", db)
+    clock = "SELECT clock_timestamp()"
+    moments = [pg_cluster.execute(clock, db)[0][0]]  # after the snapshot's commits
 
     def write_after_slot(progress: SnapshotProgress) -> None:
         # The slot and its snapshot exist now; these commits come after the consistent point.
         if progress.phase == "planned":
+            moments.append(pg_cluster.execute(clock, db)[0][0])  # before the stream's commits
             pg_cluster.execute("INSERT INTO t SELECT g, 'after ' || g FROM generate_series(501, 530) g", db)
             pg_cluster.execute("UPDATE t SET note = 'changed' WHERE id = 1", db)
 
@@ -56,6 +60,9 @@ def test_rows_before_the_slot_are_copied_rows_after_it_are_streamed(
     )[0][0]
     assert manifest.start_lsn == manifest.end_lsn == Lsn.parse(confirmed)
     assert manifest.snapshot_name
+    assert manifest.snapshot_taken_at is not None  # the source as the snapshot holds it: between the two
+    taken = datetime.fromisoformat(manifest.snapshot_taken_at.replace("Z", "+00:00"))
+    assert moments[0] <= taken <= moments[1]
     assert Path(path) == tmp_path / "seam" / f"snapshot-{int(manifest.start_lsn):016X}" / "_manifest.json"
     assert load_manifest(path) == manifest
 

@@ -70,6 +70,11 @@ def test_snapshot_manifest_has_the_documented_shape_and_round_trips() -> None:
     resnapshot = dataclasses.replace(manifest, snapshot_slot="s1_rs_4242")
     assert json.loads(resnapshot.to_json())["snapshot_slot"] == "s1_rs_4242"
     assert Manifest.from_json(resnapshot.to_json()) == resnapshot
+    # When the source was as the snapshot holds it: its slot's creation, else the manifest's writing.
+    assert manifest.consistent_time == manifest.created_at and "snapshot_taken_at" not in data
+    taken = dataclasses.replace(manifest, snapshot_taken_at="2026-11-21T05:59:58.123456Z")
+    assert json.loads(taken.to_json())["snapshot_taken_at"] == taken.consistent_time
+    assert Manifest.from_json(taken.to_json()) == taken
 
 
 def test_batch_manifest_round_trips_without_snapshot_name() -> None:
