@@ -24,6 +24,14 @@ from airflow_provider_postgres_cdc.cli import peek as peek_command
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.pgoutput.columnar import BatchDecoder
 from airflow_provider_postgres_cdc.pgoutput.decoder import PgOutputDecoder
+from airflow_provider_postgres_cdc.pgoutput.messages import (
+    Delete,
+    Insert,
+    StreamAbort,
+    StreamStart,
+    StreamStop,
+    Update,
+)
 from airflow_provider_postgres_cdc.testing import PostgresCluster
 from tests.data.pgoutput import capture
 from tests.oracle.assembly import Transaction, committed_transactions
@@ -172,13 +180,30 @@ def test_changes_equal_test_decoding_for_a_mixed_workload(
 
 
 def shape(messages: list[dict[str, Any]], protocol: int) -> Iterator[tuple[str, Any]]:
-    """What a capture must reproduce: message classes and tuple contents (not LSNs, xids, oids)."""
+    """What a capture must reproduce: message classes and tuple contents (not LSNs, xids, oids) of
+    what a client applies.
+
+    Left out: the framing of streamed chunks, and what the server streamed of a (sub)transaction it
+    then aborted. How much of a large transaction is streamed before its end is decoded follows the
+    server's memory accounting, which changes between minor releases (15.18 streamed 120 more rows
+    of the aborted transaction below than 15.20, and cut another into chunks elsewhere); what a
+    client must apply does not.
+    """
     decoder = PgOutputDecoder(protocol)
-    for raw in messages:
-        message = decoder.decode(bytes.fromhex(raw["data"]))
-        name = type(message).__name__
+    decoded = [decoder.decode(bytes.fromhex(raw["data"])) for raw in messages]
+    aborted = {m.subxid for m in decoded if isinstance(m, StreamAbort)}
+    whole = {m.xid for m in decoded if isinstance(m, StreamAbort) and m.subxid == m.xid}
+    chunk: int | None = None  # the transaction whose streamed chunk the messages are in
+    for message in decoded:
+        if isinstance(message, StreamStart | StreamStop):
+            chunk = message.xid if isinstance(message, StreamStart) else None
+            continue
+        if isinstance(message, StreamAbort) or chunk in whole:
+            continue
+        if isinstance(message, Insert | Update | Delete) and message.xid in aborted:
+            continue
         values = [getattr(message, f) for f in ("new", "old") if hasattr(message, f)]
-        yield name, [(v.kinds, v.values) if v is not None else None for v in values]
+        yield type(message).__name__, [(v.kinds, v.values) if v is not None else None for v in values]
 
 
 def test_stored_captures_match_the_server() -> None:
