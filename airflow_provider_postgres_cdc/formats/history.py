@@ -1,6 +1,6 @@
 """The ``history`` option: whether a keyed lake table keeps every version of its rows (SCD type 2).
 
-With ``"scd2"`` a table ``<table>__pgl_history`` (:data:`HISTORY_SUFFIX`) stands beside the lake
+With ``"scd2"`` a table ``<table>__pgl_history`` (``lake.HISTORY_SUFFIX``) stands beside the lake
 table: one row per version of a source row, its published columns (after column transforms) and
 
 * :data:`VALID_FROM_LSN` and :data:`VALID_FROM`: the commit LSN and time of the transaction that
@@ -36,7 +36,6 @@ HistoryMode = Literal["none", "scd2"]
 MODES: tuple[HistoryMode, ...] = ("none", "scd2")
 HISTORY_PROPERTY = "pgl.history"
 """The lake table property recording a table's mode (absent: none)."""
-HISTORY_SUFFIX = "__pgl_history"
 VALID_FROM_LSN = "_pgl_valid_from_lsn"
 VALID_TO_LSN = "_pgl_valid_to_lsn"
 VALID_FROM = "_pgl_valid_from"

@@ -58,6 +58,8 @@ CHANGE_KEYS = {"I": INSERTED, "U": UPDATED, "D": DELETED, "T": TRUNCATED}
 OWNER_PROPERTY = "pgl.slot"
 CHANGELOG_SUFFIX = "__pgl_changelog"
 HISTORY_SUFFIX = "__pgl_history"  # a history table's (formats/history.py)
+COMPANION_SUFFIXES = (CHANGELOG_SUFFIX, HISTORY_SUFFIX)
+"""What a data table's name takes to name the tables beside it that keep its changes."""
 TAG_PREFIX = "pgl_"
 
 # How source schema and table names become lake names (docs/LAKE.md, "Names"): "preserve" keeps
@@ -183,9 +185,7 @@ class LakeConfig:
         prefix's namespace, a table someone else created).
         """
         prefixed = namespace if self.names == "portable" else decode_name_part(namespace)
-        if name.endswith((CHANGELOG_SUFFIX, HISTORY_SUFFIX)) or not prefixed.startswith(
-            self.namespace_prefix
-        ):
+        if name.endswith(COMPANION_SUFFIXES) or not prefixed.startswith(self.namespace_prefix):
             return None
         schema, table = prefixed[len(self.namespace_prefix) :], name
         if self.names == "portable":

@@ -111,6 +111,20 @@ class TableMode(Generic[M]):
         value = properties.get(self.property)
         return next((mode for mode in self.modes if mode == value), self.modes[0])
 
+    def for_load(self, option: GivenModes, qualified: str, properties: Mapping[str, str] | None) -> M:
+        """The mode a load gives a table: the option's, or (not named) the one the table was loaded
+        with (``properties``; None: no table yet, which gets the first mode)."""
+        kept = self.recorded(properties) if properties is not None else self.modes[0]
+        return self.mode_for(option, qualified) or kept
+
+    def for_batch(self, option: GivenModes, qualified: str, properties: Mapping[str, str] | None) -> M:
+        """The mode a batch applies to a table: :meth:`for_load`'s, refused when it is not the one
+        the table was loaded with (only a load may switch it)."""
+        mode = self.for_load(option, qualified, properties)
+        if properties is not None and mode != self.recorded(properties):
+            raise self.changed_error(qualified, self.recorded(properties), mode)
+        return mode
+
     def check_manifest(self, manifest: Manifest, option: GivenModes) -> None:
         """Refuse the keyed mode for a table of the manifest whose changes carry no key."""
         for spec in manifest.tables:

@@ -41,8 +41,8 @@ from airflow_provider_postgres_cdc.formats import deletes as deletes_option
 from airflow_provider_postgres_cdc.formats import history as history_option
 from airflow_provider_postgres_cdc.formats import lake
 from airflow_provider_postgres_cdc.formats.column_transforms import check_recorded
-from airflow_provider_postgres_cdc.formats.deletes import DeleteMode, DeletesOption, mode_for, recorded_mode
-from airflow_provider_postgres_cdc.formats.history import HistoryOption
+from airflow_provider_postgres_cdc.formats.deletes import DELETES, DeletesOption
+from airflow_provider_postgres_cdc.formats.history import HISTORY, HistoryOption
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest, is_sibling
@@ -134,12 +134,8 @@ class ApplyJob:
         self.base_dir = base_dir(manifest_path)
         self.partitions = partitions or {}  # a table it does not name keeps its spec
         self.deletes = deletes
-        self.logs = ChangeLogs(tables, manifest, self.summary, self._refuse_unfilled, history)
-
-    def _deletes(self, spec: TableManifest, table: Any) -> DeleteMode:
-        """The table's delete mode: the option's, or (not named) the one the table was loaded with."""
-        asked = mode_for(self.deletes, spec.qualified)
-        return asked or (recorded_mode(table.properties()) if table is not None else "hard")
+        self.history = history
+        self.logs = ChangeLogs(tables, manifest, self.summary, self._refuse_unfilled)
 
     def summary(
         self,
@@ -196,8 +192,10 @@ class ApplyJob:
         rows = self._staged(spec)
         if rows is None:
             rows = self.spark.createDataFrame([], declared_schema(spec))
-        mode, keys = self._deletes(spec, table), key_columns(spec, [c.name for c in table_columns(rows)])
-        history, snapshot_rows = self.logs.history_mode(spec, table), rows
+        properties = table.properties() if table is not None else None
+        mode = DELETES.for_load(self.deletes, spec.qualified, properties)
+        history = HISTORY.for_load(self.history, spec.qualified, properties)
+        keys, snapshot_rows = key_columns(spec, [c.name for c in table_columns(rows)]), rows
         if mode == "soft":  # the lake's rows the snapshot lacks stay, marked deleted
             lake_rows = None if table is None else self.spark.table(self.tables.name(identifier))
             at = datetime.fromisoformat(self.manifest.consistent_time.replace("Z", "+00:00"))
@@ -264,12 +262,12 @@ class ApplyJob:
         window = table_window(end, state)
         if window.empty:
             return TableResult(spec.qualified, "skipped")
-        mode = self._deletes(spec, table)
-        if table is not None and mode != recorded_mode(table.properties()):  # only a load may switch
-            raise deletes_option.changed_mode_error(spec.qualified, recorded_mode(table.properties()), mode)
-        if table is not None:  # nor the column transforms
-            check_recorded(spec.qualified, table.properties(), spec.column_transforms, _names(spec))
-        history, new_table = self.logs.check_batch_mode(spec, table), table is None
+        properties = table.properties() if table is not None else None  # only a load may switch:
+        mode = DELETES.for_batch(self.deletes, spec.qualified, properties)  # the delete mode,
+        history = HISTORY.for_batch(self.history, spec.qualified, properties)  # the history mode,
+        if properties is not None:  # and the column transforms
+            check_recorded(spec.qualified, properties, spec.column_transforms, _names(spec))
+        new_table = table is None
         base = state.base_lsn if state is not None else ZERO
         steps = plan_schema_changes(self.spark, self.base_dir, self.manifest, spec, state, window.start)
         staged, partition = self._live_changes(spec, window.start), self.partitions.get(spec.qualified)
@@ -306,7 +304,8 @@ class ApplyJob:
         self.tables.conform_spec(identifier, partition)
         self.logs.append_changelog(spec, candidates, logging_window)
         if history == "scd2":
-            self.logs.merge_history(spec, candidates, columns, keys, versions_window, new_table)
+            known = facts if versions_window == window else None  # the same changes: facts computed
+            self.logs.merge_history(spec, candidates, columns, keys, versions_window, new_table, known)
         target = self.tables.name(identifier)
         if read_snapshot is not None:
             self.tables.open_branch(table, read_snapshot)

@@ -24,13 +24,17 @@ from airflow_provider_postgres_cdc.formats.history import (
     HISTORY,
     IS_CURRENT,
     VERSION_COLUMNS,
-    HistoryMode,
-    HistoryOption,
 )
 from airflow_provider_postgres_cdc.formats.lsn import ZERO, Lsn
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
 from airflow_provider_postgres_cdc.formats.window import Window, changelog_window, logged_end
-from airflow_provider_postgres_cdc.spark.changes import BATCH_ID, COMMIT_LSN, NetEffect, table_columns
+from airflow_provider_postgres_cdc.spark.changes import (
+    BATCH_ID,
+    COMMIT_LSN,
+    BatchFacts,
+    NetEffect,
+    table_columns,
+)
 from airflow_provider_postgres_cdc.spark.history import merge_sql, opened, version_step
 from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, temp_view
 from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds
@@ -58,13 +62,11 @@ class ChangeLogs:
         manifest: Manifest,
         summary: Summary,
         refuse_unfilled: Refusal,
-        history: HistoryOption = None,
     ) -> None:
         self.tables = tables
         self.manifest = manifest
         self.summary = summary
         self.refuse_unfilled = refuse_unfilled
-        self.history = history
 
     # ------------------------------------------------------------------------------ changelog
 
@@ -87,18 +89,6 @@ class ChangeLogs:
 
     # -------------------------------------------------------------------------------- history
 
-    def history_mode(self, spec: TableManifest, table: Any) -> HistoryMode:
-        """The table's history mode: the option's, or (not named) the one the table was loaded with."""
-        asked = HISTORY.mode_for(self.history, spec.qualified)
-        return asked or (HISTORY.recorded(table.properties()) if table is not None else "none")
-
-    def check_batch_mode(self, spec: TableManifest, table: Any) -> HistoryMode:
-        """The mode a batch applies to the table, refused when it is not the one it was loaded with."""
-        mode = self.history_mode(spec, table)
-        if table is not None and mode != HISTORY.recorded(table.properties()):  # only a load may switch
-            raise HISTORY.changed_error(spec.qualified, HISTORY.recorded(table.properties()), mode)
-        return mode
-
     def history_window(self, spec: TableManifest, base: Lsn) -> Window:
         """The batch's changes the table's history has not taken."""
         return self._window(self.tables.config.history_identifier(spec.schema, spec.table), base)
@@ -111,11 +101,13 @@ class ChangeLogs:
         keys: Sequence[str],
         window: Window,
         created: bool,
+        facts: BatchFacts | None = None,
     ) -> None:
         """Take the changes of ``window`` into the history, in one commit recording the range.
 
         ``created``: the table was created empty by this batch, so its history starts empty too; a
         table loaded with history whose history table is gone must be loaded again to rebuild it.
+        ``facts``: the window's changes' ``batch_facts`` when the table's merge computed them.
         """
         if window.empty:
             return
@@ -131,7 +123,7 @@ class ChangeLogs:
             self._create(
                 spec, opened(empty, 0, datetime.now()), self.summary(ZERO, ZERO, started=time.time())
             )
-        self._merge(spec, identifier, within(candidates, window), columns, keys, window.start)
+        self._merge(spec, identifier, within(candidates, window), columns, keys, window.start, facts=facts)
 
     def _create(self, spec: TableManifest, versions: DataFrame, summary: dict[str, str]) -> None:
         identifier = self.tables.config.history_identifier(spec.schema, spec.table)
@@ -147,11 +139,12 @@ class ChangeLogs:
         keys: Sequence[str],
         logged_from: Lsn,
         until: Lsn | None = None,
+        facts: BatchFacts | None = None,
     ) -> None:
         self.tables.evolve(identifier, columns)
         name = self.tables.name(identifier)
         current = self.tables.spark.table(name).where(sf.col(IS_CURRENT))
-        step = version_step(changes, columns, keys, current)
+        step = version_step(changes, columns, keys, current, facts)
         if not step.changes:
             return
         if step.unfilled is not None:

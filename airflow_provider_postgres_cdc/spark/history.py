@@ -22,7 +22,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as sf
-from pyspark.sql.types import BooleanType, LongType, StringType, StructField, TimestampType
+from pyspark.sql.types import LongType, StringType, StructField, TimestampType
 
 from airflow_provider_postgres_cdc.formats.history import (
     ENDED_BY,
@@ -32,7 +32,6 @@ from airflow_provider_postgres_cdc.formats.history import (
     VALID_FROM_LSN,
     VALID_TO,
     VALID_TO_LSN,
-    VERSION_COLUMNS,
 )
 from airflow_provider_postgres_cdc.spark.changes import (
     COMMIT_LSN,
@@ -44,6 +43,7 @@ from airflow_provider_postgres_cdc.spark.changes import (
     SUB,
     UNFILLED,
     UPSERT,
+    BatchFacts,
     batch_facts,
     build_events,
     column,
@@ -122,11 +122,16 @@ def _ending(lsn: Column, seq: Column, time: Column, op: Column, truncate: Column
 
 
 def version_step(
-    changes: DataFrame, columns: Sequence[StructField], keys: Sequence[str], current: DataFrame
+    changes: DataFrame,
+    columns: Sequence[StructField],
+    keys: Sequence[str],
+    current: DataFrame,
+    facts: BatchFacts | None = None,
 ) -> VersionStep:
     """The rows that take ``changes`` (one table's, in commit order) into a history whose current
-    versions are ``current`` (with the table's columns, whose values fill unchanged TOAST ones)."""
-    facts = batch_facts(changes, keys[0])
+    versions are ``current`` (with the table's columns, whose values fill unchanged TOAST ones);
+    ``facts``: the changes' :func:`~.changes.batch_facts` by the first key, when known already."""
+    facts = facts or batch_facts(changes, keys[0])
     truncates = _truncates(changes) if facts.truncate is not None else []
     events = build_events(changes, columns, keys)
     filled = sorted(facts.unchanged & {c.name for c in columns})
@@ -191,9 +196,3 @@ def merge_sql(
         f"WHEN MATCHED THEN UPDATE SET {ends}, t.{quote(IS_CURRENT)} = false "
         f"WHEN NOT MATCHED AND s.{FLAG} = '{VERSION}' THEN INSERT ({names}) VALUES ({values})"
     )
-
-
-def history_columns(columns: Sequence[StructField]) -> list[StructField]:
-    """A history table's columns: the table's, then :data:`VERSION_COLUMNS`."""
-    types = (LongType(), LongType(), TimestampType(), TimestampType(), BooleanType(), StringType())
-    return [*columns, *(StructField(n, t, True) for n, t in zip(VERSION_COLUMNS, types, strict=True))]

@@ -114,7 +114,7 @@ class LakeMaintenance:
         found = []
         for identifier in self.tables.owned_tables(self.slot):
             found.append(identifier)
-            for suffix in (lake.CHANGELOG_SUFFIX, lake.HISTORY_SUFFIX):
+            for suffix in lake.COMPANION_SUFFIXES:
                 companion = (identifier[0], identifier[1] + suffix)
                 if self.tables.java_table(companion) is not None:
                     found.append(companion)

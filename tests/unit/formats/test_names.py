@@ -127,7 +127,7 @@ def test_refusals_say_what_seaweedfs_and_s3_tables_refuse(name: str, namespace: 
 @example("My Schema", "t__pgl_changelog", "")
 def test_source_of_inverts_identifier_under_both_rules(schema: str, table: str, prefix: str) -> None:
     preserve = LakeConfig(namespace_prefix=prefix)
-    if not table.endswith((lake.CHANGELOG_SUFFIX, lake.HISTORY_SUFFIX)):  # "preserve": a companion's name
+    if not table.endswith(lake.COMPANION_SUFFIXES):  # "preserve": a companion's name
         assert preserve.source_of(*preserve.identifier(schema, table)) == (schema, table)
     if prefix != "p.x%":
         portable = LakeConfig(namespace_prefix=prefix, names="portable")
