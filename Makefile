@@ -20,7 +20,7 @@ export POSTGRES_CDC_SPARK_JARS := $(shell tools/lake-jars/jars.sh list $(SPARK_L
 export POSTGRES_CDC_SPARK_CDS := $(CURDIR)/$(VENV)/spark-cds/spark-$(SPARK_LINE).jsa
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: venv lake-jars spark-cds spark4 spark4-background browser pg15 lint test-setup test test-floor test-fast test-cluster soak e2e-on-lag demo clean
+.PHONY: venv lake-jars spark-cds spark4 spark4-background browser pg15 lint test-setup test test-floor test-fast test-cluster test-long soak e2e-on-lag demo clean
 
 # The newest Airflow the whole suite runs on, and the oldest the package declares (pyproject's
 # floor), on which the unit suite runs too.
@@ -113,7 +113,12 @@ test-setup: spark4-background lint test-floor lake-jars spark-cds $(CHROMIUM) $(
 
 test:
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-setup
-	$(BIN)/python -m pytest -m "not cluster" -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -m "not cluster and not long" -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The long end-to-end scenarios (marker `long`: backfills behind the CDC through a real scheduler, and
+# the test kit's own scheduler runs), whose steps `make test` covers one by one (about 6 min).
+test-long: test-setup
+	$(BIN)/python -m pytest -m long -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The pipeline on a Spark standalone cluster (two one-core workers, started by the tests): the
 # end-to-end CDC run under writes with executors and the driver killed mid-apply (about 4 min).

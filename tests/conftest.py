@@ -34,10 +34,10 @@ from tests.spark_lines import SPARK_35, SparkLine, spark_line_named
 # test`` runs the suite on pytest-xdist workers, which take whole modules in collection order: these
 # go first, so that no long module starts late and ends the run alone. The others keep their order.
 LONGEST_FIRST = (
-    "tests/integration/e2e/test_backfills.py",  # 590
     "tests/integration/e2e/test_rest_lake.py",  # 431, on its cluster
     "tests/integration/e2e/test_cdc_pipeline.py",  # 413
-    "tests/integration/e2e/test_catch_up.py",  # 339, a minute of it a retry's delay
+    "tests/integration/e2e/test_backfills.py",  # 590 with its long test (marker long), 230 without
+    "tests/integration/e2e/test_catch_up.py",  # 339
     "tests/integration/reliability/test_least_privilege.py",  # 258
     "tests/integration/airflow/test_asset_events.py",  # 251
     "tests/integration/spark/test_jobs_on_spark41.py",  # 198

@@ -2,6 +2,7 @@
 
 A tiny daily DAG appends ``<logical_date> <run_id>`` to a file from its one task, so the file
 is the order in which Airflow really ran the task, independent of what the REST API reports.
+In ``make test-long``, beside the one test that uses these runs (tests/integration/e2e/test_backfills.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from airflow_provider_postgres_cdc.testing import AirflowSandbox
 
-pytestmark = [pytest.mark.integration, pytest.mark.airflow]
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.long]
 
 DAG_ID = "sandbox_runs"
 DAG_FILE = textwrap.dedent(

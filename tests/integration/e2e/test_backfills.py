@@ -1,16 +1,17 @@
-"""Backfills while the CDC runs: re-snapshots, an added table, re-runs, a date-range backfill, a lost slot.
+"""Backfills while the CDC runs: an added table, a lost slot, re-snapshots, re-runs, a date-range backfill.
 
-One pipeline lives through all of it, on real PostgreSQL, real Airflow (``airflow dags test`` of
-the example DAGs, and a real scheduler for ``airflow backfill create``) and real ``spark-submit``
-in local mode; at the end every lake table must equal its source. Steps:
+Each pipeline runs on real PostgreSQL, real Airflow (``airflow dags test`` of the example DAGs, and
+a real scheduler for ``airflow backfill create``) and real ``spark-submit`` in local mode; at the
+end every lake table must equal its source.
 
-1. a re-snapshot of two tables whose load comes only after the CDC applied a batch reaching past
-   its consistent point (the load must replay those changes from the changelog);
-2. a table added to the publication by the backfill DAG while a writer keeps changing it;
-3. a past CDC run cleared and run again: nothing may change;
-4. ``airflow backfill create`` of the CDC DAG over three intervals: the runs go in order;
-5. the slot invalidated for real (``max_slot_wal_keep_size``): the CDC run fails pointing to
-   the recovery DAG, which recreates the slot and reloads every table.
+In ``make test``: a table added to the publication by the backfill DAG while a writer keeps
+changing it; then the slot invalidated for real (``max_slot_wal_keep_size``): the CDC run fails
+pointing to the recovery DAG, which recreates the slot and reloads every table.
+
+In ``make test-long`` (marker ``long``, about 6 minutes more): a re-snapshot of two tables whose
+load comes only after the CDC applied a batch reaching past its consistent point (the load must
+replay those changes from the changelog); ``airflow backfill create`` of the CDC DAG over three
+intervals (the runs go in order); a past CDC run cleared and run again (nothing may change).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import pytest
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.testing import PostgresCluster
+from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 from tests.integration.e2e.e2e_support import (
     lake_snapshots,
     lake_state,
@@ -106,27 +108,69 @@ def writer(dsn: str) -> Iterator[None]:
         assert not errors, errors
 
 
-@pytest.mark.timeout(2400)
-def test_backfills_while_cdc_runs_end_equal(
-    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
-) -> None:
-    dsn = pg_cluster.dsn(pg_dbname)
-    shop = ShopWorkload(dsn, seed=23)
+def start_pipeline(
+    pg: PostgresCluster, dbname: str, root: Path
+) -> tuple[ShopWorkload, Path, LakeConfig, AirflowSandbox]:
+    """The shop and a refunds table with a row filter's identity, loaded by the initial snapshot DAG:
+    (workload, staging root, lake, sandbox running the example DAGs)."""
+    shop = ShopWorkload(pg.dsn(dbname), seed=23)
     shop.create_schema()
     shop.initial_load()
-    pg_cluster.execute(
+    pg.execute(
         # Its row filter's column must be in the replica identity, or PostgreSQL rejects its updates.
         "CREATE TABLE refunds (id bigint PRIMARY KEY, order_id bigint, amount int NOT NULL, reason text);"
         "CREATE UNIQUE INDEX refunds_identity ON refunds (id, amount);"
         "ALTER TABLE refunds REPLICA IDENTITY USING INDEX refunds_identity;"
         "INSERT INTO refunds SELECT g, g, g % 40 - 10, 'early' FROM generate_series(1, 300) g;",
-        pg_dbname,
+        dbname,
     )
-    staging = tmp_path / "staging"
-    lake, lake_conn = make_lake(tmp_path / "lake")
-    sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), lake_conn)
+    staging = root / "staging"
+    lake, lake_conn = make_lake(root / "lake")
+    sandbox = pipeline_sandbox(root / "airflow", pg.uri(dbname), lake_conn)
+    sandbox.dags_test("postgres_cdc_initial_snapshot", pipeline_conf(SLOT, staging)).check()
+    return shop, staging, lake, sandbox
+
+
+def assert_lake_equals_source(dsn: str, lake: LakeConfig, tables: set[str]) -> None:
+    results = compare_tables(dsn, [PUBLICATION], lake)
+    assert all(r.equal for r in results), format_report(results)
+    assert {r.table for r in results} == tables
+
+
+@pytest.mark.timeout(1800)
+def test_an_added_table_then_a_lost_slot_repaired_by_the_recovery_dag_end_equal(
+    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.dsn(pg_dbname)
+    shop, staging, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
     conf = pipeline_conf(SLOT, staging)
-    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
+
+    # Add refunds (columns and row filter) while a writer keeps changing it.
+    with writer(dsn):
+        run = sandbox.dags_test(
+            "postgres_cdc_backfill_tables", {**conf, "tables": ["public.customers"], "add_tables": [REFUNDS]}
+        ).check()
+    assert "public.refunds" in run.output
+
+    # Lose the slot for real; the CDC run fails pointing to the recovery DAG, which repairs all.
+    invalidate_slot(pg_cluster, pg_dbname, shop)
+    failed = sandbox.dags_test("postgres_cdc_microbatch", conf)
+    assert failed.returncode != 0 and "postgres_cdc_recover_slot" in failed.output, failed.output[-3000:]
+    sandbox.dags_test("postgres_cdc_recover_slot", conf).check()
+    assert [(r[0], r[4]) for r in slot_state(pg_cluster, pg_dbname)] == [(SLOT, "reserved")]
+    shop.step()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
+    assert_lake_equals_source(dsn, lake, {*TABLES, "public.refunds"})
+
+
+@pytest.mark.long
+@pytest.mark.timeout(2400)
+def test_resnapshots_behind_the_cdc_a_scheduler_backfill_and_a_rerun_end_equal(
+    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.dsn(pg_dbname)
+    shop, staging, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
+    conf = pipeline_conf(SLOT, staging)
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
 
@@ -149,14 +193,7 @@ def test_backfills_while_cdc_runs_end_equal(
     reloaded = lake_state(lake, "public.orders")
     assert reloaded.base_lsn == resnap.end_lsn and reloaded.applied_end_lsn == applied.applied_end_lsn
 
-    # 2. Add refunds (columns and row filter) while a writer keeps changing it.
-    with writer(dsn):
-        run = sandbox.dags_test(
-            "postgres_cdc_backfill_tables", {**conf, "tables": ["public.customers"], "add_tables": [REFUNDS]}
-        ).check()
-    assert "public.refunds" in run.output
-
-    # 3. airflow backfill create over past 15-minute intervals: a scheduler runs them in order.
+    # 2. airflow backfill create over past 15-minute intervals: a scheduler runs them in order.
     shop.step()
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     with sandbox.services() as services:
@@ -171,22 +208,10 @@ def test_backfills_while_cdc_runs_end_equal(
         for earlier, later in itertools.pairwise(runs):
             assert earlier.end_date and later.start_date and earlier.end_date <= later.start_date
 
-        # 4. Clearing a past run and running it again applies nothing twice and moves nothing back.
+        # 3. Clearing a past run and running it again applies nothing twice and moves nothing back.
         versions, (slot_before,) = lake_snapshots(lake, SLOT), slot_state(pg_cluster, pg_dbname)
         services.rerun("postgres_cdc_microbatch", runs[0].run_id).check()
         (slot_after,) = slot_state(pg_cluster, pg_dbname)
         assert lake_snapshots(lake, SLOT) == versions
         assert Lsn.parse(slot_after[3]) >= Lsn.parse(slot_before[3])
-
-    # 5. Lose the slot for real; the CDC run fails pointing to the recovery DAG, which repairs all.
-    invalidate_slot(pg_cluster, pg_dbname, shop)
-    failed = sandbox.dags_test("postgres_cdc_microbatch", conf)
-    assert failed.returncode != 0 and "postgres_cdc_recover_slot" in failed.output, failed.output[-3000:]
-    sandbox.dags_test("postgres_cdc_recover_slot", conf).check()
-    assert [(r[0], r[4]) for r in slot_state(pg_cluster, pg_dbname)] == [(SLOT, "reserved")]
-    shop.step()
-    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
-
-    results = compare_tables(dsn, [PUBLICATION], lake)
-    assert all(r.equal for r in results), format_report(results)
-    assert {r.table for r in results} == {*TABLES, "public.refunds"}
+    assert_lake_equals_source(dsn, lake, {*TABLES})

@@ -46,6 +46,15 @@ from tests.integration.e2e.e2e_support import (
 
 SLOT = "shop_catch_up"
 CDC = "postgres_cdc_microbatch"
+# The example CDC DAG with a retry after 5 s instead of a minute: the killed apply's retry comes sooner.
+CDC_DAG = """
+from datetime import timedelta
+
+from airflow_provider_postgres_cdc.dag_factories import cdc_microbatch_dag
+
+retry_soon = {{"retries": 2, "retry_delay": timedelta(seconds=5)}}
+dag = cdc_microbatch_dag(staging="{staging}", default_args=retry_soon)
+"""
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
 
@@ -97,8 +106,13 @@ def test_a_backlog_of_three_batches_is_caught_up_by_a_chain_of_runs_through_a_ki
     shop.initial_load()
     (tmp_path / "lake").mkdir()
     lake = local_lake(str(tmp_path / "lake"), catalog="lake_catch_up")  # its own name in the shared session
-    sandbox = pipeline_sandbox(tmp_path / "airflow", pg_cluster.uri(pg_dbname), connection_json(lake))
     staging = tmp_path / "staging"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "cdc.py").write_text(CDC_DAG.format(staging=staging))
+    sandbox = pipeline_sandbox(
+        tmp_path / "airflow", pg_cluster.uri(pg_dbname), connection_json(lake), dags=dags
+    )
     conf = pipeline_conf(SLOT, staging)
     snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
     register_lake(spark, lake)
