@@ -3,7 +3,7 @@ and the jobs on a Spark standalone cluster.
 
 Real PostgreSQL, real ``airflow dags test`` on the example DAGs, SeaweedFS serving S3 and its
 Iceberg REST catalog (a table bucket, OAuth2 client credentials), and ``spark-submit`` in client
-mode to a standalone master with two one-core workers, with the official
+mode to a standalone master with one two-core worker (one executor per job), with the official
 ``iceberg-spark-runtime``, ``iceberg-aws-bundle`` and ``hadoop-aws`` jars: the executors read the
 staged files through ``s3a`` and write the warehouse through Iceberg's ``S3FileIO``. The lake
 connection is the Iceberg provider's standard ``iceberg`` connection; staging is ``s3://`` through
@@ -81,7 +81,7 @@ def test_rest_catalog_and_s3_pipeline_with_a_crash_ends_equal_and_leaks_no_secre
     shop.initial_load()
     with (
         S3Server(buckets=["staging"], table_buckets=["warehouse"]) as s3,
-        SparkStandaloneCluster(workers=2, cores_per_worker=1, memory_per_worker="1g") as spark_cluster,
+        SparkStandaloneCluster(workers=1, cores_per_worker=2, memory_per_worker="1g") as spark_cluster,
     ):
         # The catalog restricts names: the lake names them portably (docs/LAKE.md, "Names").
         connection = json.loads(s3.iceberg_connection_json("warehouse", catalog=CATALOG))
