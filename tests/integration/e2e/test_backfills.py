@@ -110,9 +110,9 @@ def writer(dsn: str) -> Iterator[None]:
 
 def start_pipeline(
     pg: PostgresCluster, dbname: str, root: Path
-) -> tuple[ShopWorkload, Path, LakeConfig, AirflowSandbox]:
+) -> tuple[ShopWorkload, dict[str, Any], LakeConfig, AirflowSandbox]:
     """The shop and a refunds table with a row filter's identity, loaded by the initial snapshot DAG:
-    (workload, staging root, lake, sandbox running the example DAGs)."""
+    (workload, the example DAGs' run conf, lake, sandbox running the example DAGs)."""
     shop = ShopWorkload(pg.dsn(dbname), seed=23)
     shop.create_schema()
     shop.initial_load()
@@ -127,8 +127,9 @@ def start_pipeline(
     staging = root / "staging"
     lake, lake_conn = make_lake(root / "lake")
     sandbox = pipeline_sandbox(root / "airflow", pg.uri(dbname), lake_conn)
-    sandbox.dags_test("postgres_cdc_initial_snapshot", pipeline_conf(SLOT, staging)).check()
-    return shop, staging, lake, sandbox
+    conf = pipeline_conf(SLOT, staging)
+    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
+    return shop, conf, lake, sandbox
 
 
 def assert_lake_equals_source(dsn: str, lake: LakeConfig, tables: set[str]) -> None:
@@ -142,8 +143,7 @@ def test_an_added_table_then_a_lost_slot_repaired_by_the_recovery_dag_end_equal(
     pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
-    shop, staging, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
-    conf = pipeline_conf(SLOT, staging)
+    shop, conf, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
 
     # Add refunds (columns and row filter) while a writer keeps changing it.
     with writer(dsn):
@@ -169,8 +169,7 @@ def test_resnapshots_behind_the_cdc_a_scheduler_backfill_and_a_rerun_end_equal(
     pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
-    shop, staging, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
-    conf = pipeline_conf(SLOT, staging)
+    shop, conf, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
 
@@ -180,7 +179,7 @@ def test_resnapshots_behind_the_cdc_a_scheduler_backfill_and_a_rerun_end_equal(
         dsn,
         SLOT,
         [PUBLICATION],
-        str(staging),
+        conf["staging"],
         tables=["public.orders", "public.products"],
         slot_mode="temporary",
     )
