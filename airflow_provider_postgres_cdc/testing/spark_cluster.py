@@ -228,19 +228,29 @@ class SparkStandaloneCluster:
         return [w for w in self.master_state().get("workers", []) if w.get("state") == "ALIVE"]
 
     def executor_pids(self) -> dict[int, list[int]]:
-        """The executor JVMs each worker runs right now, by worker index (children of its process group)."""
-        found: dict[int, list[int]] = {index: [] for index in range(len(self._workers))}
+        """The executor JVMs each worker runs right now, by worker index (children of its process group).
+
+        A process an executor forks shows the executor's command line until it execs (the Python
+        worker daemon, for one): a match whose parent matches too is such a fork, not an executor.
+        """
         groups = {process.pid: index for index, process in enumerate(self._workers)}
+        matches: dict[int, tuple[int, int]] = {}  # pid -> (worker index, parent pid)
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 group = os.getpgid(int(entry.name))
                 cmdline = (entry / "cmdline").read_bytes()
-            except (OSError, ProcessLookupError):
+                # The parent pid is the field after the parenthesised command name in stat.
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ProcessLookupError, IndexError, ValueError):
                 continue
             if group in groups and EXECUTOR_CLASS.encode() in cmdline:
-                found[groups[group]].append(int(entry.name))
+                matches[int(entry.name)] = (groups[group], parent)
+        found: dict[int, list[int]] = {index: [] for index in range(len(self._workers))}
+        for pid, (index, parent) in matches.items():
+            if parent not in matches:
+                found[index].append(pid)
         return found
 
     def kill_executors(self) -> list[int]:
