@@ -30,25 +30,26 @@ from airflow_provider_postgres_cdc.testing.spark_cds import SPARK_CDS_ENV, drive
 from tests.pg_majors import DEFAULT, PG18, default_major
 from tests.spark_lines import SPARK_35, SparkLine, spark_line_named
 
-# The modules that take over ~40 s each (seconds on the 2-core CI machine), longest first. ``make
-# test`` runs the suite on pytest-xdist workers, which take whole modules in collection order: these
-# go first, so that no long module starts late and ends the run alone. The others keep their order.
+# The modules that take over ~40 s each (seconds in ``make test`` on the 2-core CI machine), longest
+# first. ``make test`` runs the suite on pytest-xdist workers, which take whole modules in collection
+# order: these go first, so that no long module starts late and ends the run alone. The others keep
+# their order.
 LONGEST_FIRST = (
-    "tests/integration/e2e/test_rest_lake.py",  # 431, on its cluster
-    "tests/integration/e2e/test_cdc_pipeline.py",  # 413
-    "tests/integration/e2e/test_backfills.py",  # 590 with its long test (marker long), 230 without
-    "tests/integration/e2e/test_catch_up.py",  # 339
-    "tests/integration/reliability/test_least_privilege.py",  # 258
-    "tests/integration/airflow/test_asset_events.py",  # 251
-    "tests/integration/spark/test_jobs_on_spark41.py",  # 198
-    "tests/integration/e2e/test_openlineage.py",  # 172 and more, on Spark 4.1
-    "tests/integration/reliability/test_failover.py",  # 152
-    "tests/integration/airflow/test_report_view.py",  # 127
-    "tests/integration/spark/test_parallel_apply.py",  # 111
-    "tests/integration/airflow/test_asset_watcher.py",  # 64
-    "tests/integration/airflow/test_sandbox_runs.py",  # 62
-    "tests/integration/spark/test_partitioned_apply.py",  # 58 and more
-    "tests/integration/reliability/test_crash_soak.py",  # 52
+    "tests/integration/e2e/test_cdc_pipeline.py",  # 391
+    "tests/integration/e2e/test_backfills.py",  # 268 (its test marked long: 147 more)
+    "tests/integration/e2e/test_rest_lake.py",  # 265, on its cluster
+    "tests/integration/airflow/test_asset_events.py",  # 203
+    "tests/integration/spark/test_jobs_on_spark41.py",  # 179
+    "tests/integration/reliability/test_least_privilege.py",  # 122
+    "tests/integration/e2e/test_catch_up.py",  # 108
+    "tests/integration/e2e/test_openlineage.py",  # 90, on Spark 4.1
+    "tests/integration/airflow/test_report_view.py",  # 86
+    "tests/integration/spark/test_history.py",  # 68
+    "tests/integration/spark/test_parallel_apply.py",  # 66
+    "tests/integration/reliability/test_failover.py",  # 65
+    "tests/integration/reliability/test_crash_soak.py",  # 49
+    "tests/integration/airflow/test_asset_watcher.py",  # 43
+    "tests/integration/spark/test_partitioned_apply.py",  # 43 and more
 )
 
 
