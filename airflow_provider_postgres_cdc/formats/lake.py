@@ -81,6 +81,12 @@ MAINTENANCE_STEPS: tuple[MaintenanceStep, ...] = get_args(MaintenanceStep)
 LAKE_SETTINGS = ("catalog", "properties", "namespace_prefix", "names")
 
 
+def companions_of(identifier: tuple[str, str]) -> list[tuple[str, str]]:
+    """The (namespace, name) of the changelog and history tables beside the lake table ``identifier``."""
+    namespace, name = identifier
+    return [(namespace, name + suffix) for suffix in COMPANION_SUFFIXES]
+
+
 @dataclass(frozen=True, slots=True)
 class LakeConfig:
     """An Iceberg catalog as Spark names it, plus where the pipeline's tables go in it.

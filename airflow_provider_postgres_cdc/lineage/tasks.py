@@ -28,7 +28,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
 from airflow_provider_postgres_cdc.engine.staging import read_manifest
-from airflow_provider_postgres_cdc.formats.lake import COMPANION_SUFFIXES, LakeConfig
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, companions_of
 from airflow_provider_postgres_cdc.formats.manifest import Manifest
 from airflow_provider_postgres_cdc.hooks.lake import PostgresCdcLakeHook
 from airflow_provider_postgres_cdc.hooks.postgres import PostgresCdcHook
@@ -190,8 +190,7 @@ def maintenance_lineage(operator: Any) -> Any:
     for table in owned_tables(catalog, lake, str(operator.slot_name)):
         namespace, name = table.name()[-2:]
         found.append(((namespace, name), datasets.lake_table(table)))
-        for suffix in COMPANION_SUFFIXES:
-            companion = (namespace, name + suffix)
+        for companion in companions_of((namespace, name)):
             if catalog.table_exists(companion):
                 found.append((companion, datasets.lake_table(catalog.load_table(companion))))
     inputs, outputs = [], []

@@ -114,10 +114,7 @@ class LakeMaintenance:
         found = []
         for identifier in self.tables.owned_tables(self.slot):
             found.append(identifier)
-            for suffix in lake.COMPANION_SUFFIXES:
-                companion = (identifier[0], identifier[1] + suffix)
-                if self.tables.java_table(companion) is not None:
-                    found.append(companion)
+            found += [c for c in lake.companions_of(identifier) if self.tables.java_table(c) is not None]
         return found
 
     # ---------------------------------------------------------------------------- compaction

@@ -134,6 +134,10 @@ def test_source_of_inverts_identifier_under_both_rules(schema: str, table: str, 
         assert portable.source_of(*portable.identifier(schema, table)) == (schema, table)
         assert portable.source_of(*portable.changelog_identifier(schema, table)) is None
         assert portable.source_of(*portable.history_identifier(schema, table)) is None
+    configs = [preserve, portable] if prefix != "p.x%" else [preserve]
+    for config in configs:  # the companions found from the table's lake name are the ones named
+        companions = [config.changelog_identifier(schema, table), config.history_identifier(schema, table)]
+        assert lake.companions_of(config.identifier(schema, table)) == companions
 
 
 def test_preserve_names_are_the_ones_lakes_have_today() -> None:
