@@ -116,7 +116,7 @@ test:
 	$(BIN)/python -m pytest -m "not cluster and not long" -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The long end-to-end scenarios (marker `long`: backfills behind the CDC through a real scheduler, and
-# the test kit's own scheduler runs), whose steps `make test` covers one by one (about 6 min).
+# the test kit's own scheduler runs), whose steps `make test` covers one by one (about 4 min).
 test-long: test-setup
 	$(BIN)/python -m pytest -m long -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
