@@ -270,6 +270,10 @@ def snapshot_task_group(
             lake_conn_id=lake_conn_id,
             column_transforms=column_transforms,
             hash_key_conn_id=hash_key_conn_id,
+            # The Spark copy engine submits to the pipeline's Spark, as the load does.
+            spark_conn_id=spark_conn_id,
+            spark_binary=spark_binary,
+            spark_conf=dict(spark_conf or {}),
         )
         load = PostgresCdcSparkApplyOperator(
             task_id="load",

@@ -94,6 +94,9 @@ def test_the_backfill_publishes_added_tables_then_reloads_them_too() -> None:
     )
     assert ParamsDict(dag.params).validate()["staging_conn_id"] == "store"
     assert snapshot.upstream_task_ids == {publish.task_id}
+    # The Spark copy submits to the pipeline's Spark, as the load does (not spark_default's yarn).
+    load = dag.get_task("postgres_cdc_resnapshot.load")
+    assert snapshot.spark_conn_id == load._conn_id == "{{ params.spark_conn_id }}"
 
 
 def test_a_wrong_choice_fails_in_the_factory() -> None:
