@@ -38,10 +38,9 @@ LONGEST_FIRST = (
     "tests/integration/e2e/test_cdc_pipeline.py",  # 391
     "tests/integration/e2e/test_backfills.py",  # 268 (its test marked long: 147 more)
     "tests/integration/e2e/test_rest_lake.py",  # 265, on its cluster
-    "tests/integration/airflow/test_asset_events.py",  # 203
+    "tests/integration/airflow/test_scheduled_cdc.py",  # 203
     "tests/integration/spark/test_jobs_on_spark41.py",  # 179
     "tests/integration/reliability/test_least_privilege.py",  # 122
-    "tests/integration/e2e/test_catch_up.py",  # 108
     "tests/integration/e2e/test_openlineage.py",  # 90, on Spark 4.1
     "tests/integration/airflow/test_report_view.py",  # 86
     "tests/integration/spark/test_history.py",  # 68

@@ -1,6 +1,7 @@
 """The "Postgres CDC" view in the real Airflow API server, seen by a real browser after real pipeline runs.
 
-A snapshot and a CDC run of the example DAGs (``airflow dags test``, Spark apply) fill the lake;
+An initial snapshot loaded in the shared Spark session and a CDC run of the example DAG
+(``airflow dags test``, Spark apply, the ack's Asset event in Airflow's database) fill the lake;
 then the API server starts with the provider's plugin and the simple auth manager with two real
 users: ``reader`` (role op: may read connections) and ``viewer`` (may not). Headless chromium,
 logged in as ``reader``, must show the pipeline's real numbers: its batch count, the slot's
@@ -25,13 +26,17 @@ from psycopg2 import sql
 from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField
+from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.plugins.pipelines import VARIABLE
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import AirflowServices, PostgresCluster
 from tests.integration.airflow.browser import HeadlessChromium, find_chromium
 from tests.integration.e2e.e2e_support import lake_state, make_lake, pipeline_conf, pipeline_sandbox
@@ -100,14 +105,18 @@ def pg_cluster(pg_default_cluster: PostgresCluster) -> PostgresCluster:
 
 
 @pytest.fixture(scope="module")
-def deployment(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def deployment(
+    pg_cluster: PostgresCluster, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployment]:
     tmp = tmp_path_factory.mktemp("report_view")
     pg_cluster.execute("CREATE DATABASE shop_report")
     dsn = pg_cluster.dsn("shop_report")
     shop = ShopWorkload(dsn, seed=25)
     shop.create_schema()
     shop.initial_load()
-    lake, lake_conn = make_lake(tmp / "lake")
+    (tmp / "lake").mkdir()
+    lake = local_lake(str(tmp / "lake"), catalog="lake_report")  # its own name in the shared session
+    lake_conn = connection_json(lake)
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         free = closed.getsockname()[1]
@@ -139,7 +148,9 @@ def deployment(pg_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
         env={f"AIRFLOW_VAR_{VARIABLE.upper()}": json.dumps(pipelines)},
     )
     conf = pipeline_conf(SLOT, tmp / "staging")
-    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
+    register_lake(spark, lake)
+    snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
+    apply_manifest(spark, snapshot, lake)
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     services = UserServices(sandbox)
