@@ -1,8 +1,9 @@
 """Backfills while the CDC runs: an added table, a lost slot, re-snapshots, re-runs, a date-range backfill.
 
 Each pipeline runs on real PostgreSQL, real Airflow (``airflow dags test`` of the example DAGs, and
-a real scheduler for ``airflow backfill create``) and real ``spark-submit`` in local mode; at the
-end every lake table must equal its source.
+a real scheduler for ``airflow backfill create``) and real ``spark-submit`` in local mode, from an
+initial snapshot loaded in the shared Spark session; at the end every lake table must equal its
+source.
 
 In ``make test``: a table added to the publication by the backfill DAG while a writer keeps
 changing it; then the slot invalidated for real (``max_slot_wal_keep_size``): the CDC run fails
@@ -26,17 +27,20 @@ from typing import Any
 
 import psycopg2
 import pytest
+from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
+from airflow_provider_postgres_cdc.hooks.lake import connection_json
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 from tests.integration.e2e.e2e_support import (
     lake_snapshots,
     lake_state,
-    make_lake,
     pipeline_conf,
     pipeline_sandbox,
     spark_apply,
@@ -109,10 +113,11 @@ def writer(dsn: str) -> Iterator[None]:
 
 
 def start_pipeline(
-    pg: PostgresCluster, dbname: str, root: Path
+    pg: PostgresCluster, dbname: str, root: Path, spark: SparkSession
 ) -> tuple[ShopWorkload, dict[str, Any], LakeConfig, AirflowSandbox]:
-    """The shop and a refunds table with a row filter's identity, loaded by the initial snapshot DAG:
-    (workload, the example DAGs' run conf, lake, sandbox running the example DAGs)."""
+    """The shop and a refunds table with a row filter's identity, its initial snapshot loaded in the
+    shared Spark session (the snapshot DAG is the other end-to-end tests'): (workload, the example
+    DAGs' run conf, lake, sandbox running the example DAGs)."""
     shop = ShopWorkload(pg.dsn(dbname), seed=23)
     shop.create_schema()
     shop.initial_load()
@@ -125,10 +130,13 @@ def start_pipeline(
         dbname,
     )
     staging = root / "staging"
-    lake, lake_conn = make_lake(root / "lake")
-    sandbox = pipeline_sandbox(root / "airflow", pg.uri(dbname), lake_conn)
+    (root / "lake").mkdir()
+    lake = local_lake(str(root / "lake"), catalog="lake_backfills")  # its own name in the shared session
+    sandbox = pipeline_sandbox(root / "airflow", pg.uri(dbname), connection_json(lake))
     conf = pipeline_conf(SLOT, staging)
-    sandbox.dags_test("postgres_cdc_initial_snapshot", conf).check()
+    snapshot, _ = take_snapshot(pg.dsn(dbname), SLOT, [PUBLICATION], conf["staging"])
+    register_lake(spark, lake)
+    apply_manifest(spark, snapshot, lake)
     return shop, conf, lake, sandbox
 
 
@@ -140,10 +148,10 @@ def assert_lake_equals_source(dsn: str, lake: LakeConfig, tables: set[str]) -> N
 
 @pytest.mark.timeout(1800)
 def test_an_added_table_then_a_lost_slot_repaired_by_the_recovery_dag_end_equal(
-    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+    pg_cluster: PostgresCluster, pg_dbname: str, spark: SparkSession, tmp_path: Path
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
-    shop, conf, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
+    shop, conf, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path, spark)
 
     # Add refunds (columns and row filter) while a writer keeps changing it.
     with writer(dsn):
@@ -166,10 +174,10 @@ def test_an_added_table_then_a_lost_slot_repaired_by_the_recovery_dag_end_equal(
 @pytest.mark.long
 @pytest.mark.timeout(2400)
 def test_resnapshots_behind_the_cdc_a_scheduler_backfill_and_a_rerun_end_equal(
-    pg_cluster: PostgresCluster, pg_dbname: str, tmp_path: Path
+    pg_cluster: PostgresCluster, pg_dbname: str, spark: SparkSession, tmp_path: Path
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
-    shop, conf, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path)
+    shop, conf, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path, spark)
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
 
