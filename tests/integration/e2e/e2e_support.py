@@ -225,6 +225,21 @@ def objects_containing(filesystem: pafs.FileSystem, bucket: str, secret: bytes) 
     return found
 
 
+def assert_acked_end_is_the_latest_cut(dsn: str, lake: LakeConfig, slot: str, tables: Sequence[str]) -> None:
+    """The slot's acknowledged position is the lake's latest consistent cut, tagged on every table."""
+    from airflow_provider_postgres_cdc.engine.lake_catalog import latest_cut
+    from airflow_provider_postgres_cdc.replication import connect, describe_slot
+
+    conn = connect(dsn)
+    try:
+        acked = describe_slot(conn, slot).confirmed_flush_lsn
+    finally:
+        conn.close()
+    cut = latest_cut(lake, slot)
+    assert cut is not None and cut.lsn == acked
+    assert set(cut.snapshots) == {lake.identifier(*t.split(".", 1)) for t in tables}
+
+
 def assert_history_at_every_cut(lake: LakeConfig, tables: Sequence[str]) -> int:
     """Each table's history, read "valid at" each of its cut tags (docs/LAKE.md "History tables"),
     holds exactly the table's live rows at that tag; returns the cuts compared."""

@@ -2,7 +2,8 @@
 
 The role has only ``LOGIN REPLICATION`` and ``SELECT`` on the published tables: no superuser,
 no ownership, no ``CREATE`` on the database. It runs the initial
-snapshot, the CDC DAG (lag sensor, drain, apply, ack) and a re-snapshot of one table through real
+snapshot, the CDC DAG (lag sensor, drain, apply, ack) and a re-snapshot of one table copied by the
+Spark JDBC engine (the one path that hands the role's password to Spark) through real
 ``airflow dags test``, and the lake must end equal to the source. The lake is a JDBC catalog in
 PostgreSQL behind a role of its own with a password, and staging is on an S3 server with a secret
 key. None of the three secrets may appear on any process's command line while the jobs run (spark
@@ -40,17 +41,11 @@ from tests.integration.e2e.e2e_support import (
 )
 
 SLOT = "lp_cdc"
-# A re-snapshot through the Spark JDBC copy engine: the one path that hands the password to Spark.
-SPARK_SNAPSHOT_DAG = """
-from airflow.sdk import DAG
-from airflow_provider_postgres_cdc.operators.snapshot import PostgresCdcSnapshotOperator
+# The example backfill DAG with the Spark JDBC copy engine: the one path that hands the password to Spark.
+SPARK_BACKFILL_DAG = """
+from airflow_provider_postgres_cdc.dag_factories import backfill_tables_dag
 
-with DAG("lp_spark_resnapshot", schedule=None):
-    PostgresCdcSnapshotOperator(
-        task_id="copy", slot_name="{slot}", publications="{publication}", staging="{staging}",
-        tables=["public.orders"], slot_mode="temporary", copy_engine="spark",
-        postgres_conn_id="shop", spark_conn_id="spark_local", staging_conn_id="staging_store",
-    )
+dag = backfill_tables_dag(copy_engine="spark")
 """
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]
 
@@ -128,9 +123,7 @@ def test_replication_role_runs_everything_and_no_secret_leaks(
     dags.mkdir()
     for example in DAGS.glob("*.py"):
         (dags / example.name).write_text(example.read_text())
-    (dags / "lp_spark_resnapshot.py").write_text(
-        SPARK_SNAPSHOT_DAG.format(slot=SLOT, publication=PUBLICATION, staging=staging)
-    )
+    (dags / "postgres_cdc_backfill_tables.py").write_text(SPARK_BACKFILL_DAG)
     sandbox = pipeline_sandbox(
         tmp_path / "airflow", uri, json.dumps(lake_conn), dags=dags,
         connections={"staging_store": s3.connection_json()},
@@ -147,7 +140,6 @@ def test_replication_role_runs_everything_and_no_secret_leaks(
             .output
         )
         outputs.append(sandbox.dags_test("postgres_cdc_microbatch", conf).check().output)
-        outputs.append(sandbox.dags_test("lp_spark_resnapshot").check().output)
     assert watch.spark_submits > 0 and watch.leaks == []
 
     lake = LakeConfig(
