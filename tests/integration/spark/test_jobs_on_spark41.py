@@ -3,9 +3,10 @@
 pyspark 4 cannot share a process with the pyspark 3.5 the suite imports, so a chosen subset of
 this directory's tests runs in a pytest of its own whose pyspark is the 4.1 line's
 (tests/spark_lines.py), with the 4.1 lake jars: in-process, in that run's one Spark session, as
-on 3.5. The subset reaches every Iceberg API the jobs call through py4j (``CommitMetadata``,
-``Spark3Util.loadIcebergTable``, schema and partition spec updates, branches, tags, empty
-overwrites, conflicts) and every stored procedure of the maintenance job.
+on 3.5. ``make test``'s subset reaches every Iceberg API the jobs call through py4j
+(``CommitMetadata``, ``Spark3Util.loadIcebergTable``, schema and partition spec updates, branches,
+tags, empty overwrites, conflicts) and every stored procedure of the maintenance job;
+``make test-long`` runs more of the directory's tests the same way.
 """
 
 from __future__ import annotations
@@ -18,23 +19,40 @@ import pytest
 
 from tests.spark_lines import ROOT, SPARK_41, spark_line_named
 
+_SPARK = "tests/integration/spark"
+# In ``make test``: a crash between tables and its re-run, merge-on-read delete files, a partition
+# spec changed by a reload, every maintenance procedure, schema evolution and the history table.
 SUBSET = (
-    "tests/integration/spark/test_apply_batch.py::test_random_batch_matches_model",
-    "tests/integration/spark/test_apply_batch.py::test_key_change_deletes_old_key_and_keeps_toast",
-    "tests/integration/spark/test_apply_batch.py::test_schema_evolution_adds_and_keeps_dropped_columns",
-    "tests/integration/spark/test_apply_batch.py::test_rerun_of_an_applied_batch_has_no_effect",
-    "tests/integration/spark/test_apply_batch.py::test_crash_after_some_tables_committed_converges_on_rerun",
-    "tests/integration/spark/test_apply_batch.py::test_a_small_merge_on_read_batch_adds_delete_files_without_rewriting_data",
-    "tests/integration/spark/test_resnapshot_apply.py::test_racing_batch_and_resnapshot_load_both_land[batch]",
-    "tests/integration/spark/test_value_overflow.py::test_overflowing_values_and_time_reach_the_lake_exactly",
-    "tests/integration/spark/test_maintenance.py::test_maintenance_keeps_rows_cuts_and_state",
-    "tests/integration/spark/test_partitioned_apply.py::test_a_partitioned_table_takes_batches_reloads_a_new_spec_and_maintenance",
-    "tests/integration/spark/test_history.py::test_a_load_switches_history_on_and_a_reload_behind_the_lake_takes_the_replayed_changes",
+    f"{_SPARK}/test_apply_batch.py::test_schema_evolution_adds_and_keeps_dropped_columns",
+    f"{_SPARK}/test_apply_batch.py::test_crash_after_some_tables_committed_converges_on_rerun",
+    f"{_SPARK}/test_apply_batch.py::test_a_small_merge_on_read_batch_adds_delete_files_without_rewriting_data",
+    f"{_SPARK}/test_partitioned_apply.py::test_a_partitioned_table_takes_batches_reloads_a_new_spec_and_maintenance",
+    f"{_SPARK}/test_history.py::test_a_load_switches_history_on_and_a_reload_behind_the_lake_takes_the_replayed_changes",
+)
+# In ``make test-long``: the random batches against the model, key changes, re-runs, a racing
+# re-snapshot, overflowing values and the maintenance test's cuts and state.
+LONG_SUBSET = (
+    f"{_SPARK}/test_apply_batch.py::test_random_batch_matches_model",
+    f"{_SPARK}/test_apply_batch.py::test_key_change_deletes_old_key_and_keeps_toast",
+    f"{_SPARK}/test_apply_batch.py::test_rerun_of_an_applied_batch_has_no_effect",
+    f"{_SPARK}/test_resnapshot_apply.py::test_racing_batch_and_resnapshot_load_both_land[batch]",
+    f"{_SPARK}/test_value_overflow.py::test_overflowing_values_and_time_reach_the_lake_exactly",
+    f"{_SPARK}/test_maintenance.py::test_maintenance_keeps_rows_cuts_and_state",
 )
 pytestmark = pytest.mark.spark
 
 
 def test_the_jobs_tests_pass_on_spark_41() -> None:
+    run_on_spark_41(SUBSET)
+
+
+@pytest.mark.long
+def test_more_of_the_jobs_tests_pass_on_spark_41() -> None:
+    run_on_spark_41(LONG_SUBSET)
+
+
+def run_on_spark_41(subset: tuple[str, ...]) -> None:
+    """``subset`` in a pytest of its own on the 4.1 line; every one of its tests must pass."""
     line = spark_line_named(SPARK_41)
     # The test virtualenv's Python with the 4.1 line's pyspark (and py4j) ahead of its own 3.5;
     # Spark's Python workers inherit the path. The run is a session of its own, not an xdist worker.
@@ -52,10 +70,10 @@ def test_the_jobs_tests_pass_on_spark_41() -> None:
         env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert probe.stdout.startswith("4.1."), probe.stdout
-    command = [sys.executable, "-m", "pytest", *SUBSET, "-q", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", *subset, "-q", "-p", "no:cacheprovider"]
     done = subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False
     )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert summary.startswith(f"{len(SUBSET)} passed"), summary
+    assert summary.startswith(f"{len(subset)} passed"), summary
