@@ -6,13 +6,17 @@ initial snapshot loaded in the shared Spark session; at the end every lake table
 source.
 
 In ``make test``: a table added to the publication by the backfill DAG while a writer keeps
-changing it; then the slot invalidated for real (``max_slot_wal_keep_size``): the CDC run fails
-pointing to the recovery DAG, which recreates the slot and reloads every table.
+changing it, then streamed by the CDC run after it.
 
-In ``make test-long`` (marker ``long``, about 2.5 minutes more): a re-snapshot of two tables whose
+In ``make test-long`` (marker ``long``, about 3 minutes more): a re-snapshot of two tables whose
 load comes only after the CDC applied a batch reaching past its consistent point (the load must
 replay those changes from the changelog); ``airflow backfill create`` of the CDC DAG over three
-intervals (the runs go in order); a past CDC run cleared and run again (nothing may change).
+intervals (the runs go in order); a past CDC run cleared and run again (nothing may change); and,
+on a pipeline of its own, the slot invalidated for real (``max_slot_wal_keep_size``): the CDC run
+fails pointing to the recovery DAG, which recreates the slot and reloads every table. (The pieces
+of that recovery, a slot really invalidated and a lost slot recreated, are
+tests/integration/sensors/test_slot_invalidation.py's and
+tests/integration/snapshot/test_resnapshot.py's in ``make test``.)
 """
 
 from __future__ import annotations
@@ -147,7 +151,7 @@ def assert_lake_equals_source(dsn: str, lake: LakeConfig, tables: set[str]) -> N
 
 
 @pytest.mark.timeout(1800)
-def test_an_added_table_then_a_lost_slot_repaired_by_the_recovery_dag_end_equal(
+def test_an_added_table_is_loaded_by_the_backfill_dag_under_a_writer_then_streamed_end_equal(
     pg_cluster: PostgresCluster, pg_dbname: str, spark: SparkSession, tmp_path: Path
 ) -> None:
     dsn = pg_cluster.dsn(pg_dbname)
@@ -159,13 +163,6 @@ def test_an_added_table_then_a_lost_slot_repaired_by_the_recovery_dag_end_equal(
             "postgres_cdc_backfill_tables", {**conf, "tables": ["public.customers"], "add_tables": [REFUNDS]}
         ).check()
     assert "public.refunds" in run.output
-
-    # Lose the slot for real; the CDC run fails pointing to the recovery DAG, which repairs all.
-    invalidate_slot(pg_cluster, pg_dbname, shop)
-    failed = sandbox.dags_test("postgres_cdc_microbatch", conf)
-    assert failed.returncode != 0 and "postgres_cdc_recover_slot" in failed.output, failed.output[-3000:]
-    sandbox.dags_test("postgres_cdc_recover_slot", conf).check()
-    assert [(r[0], r[4]) for r in slot_state(pg_cluster, pg_dbname)] == [(SLOT, "reserved")]
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     assert_lake_equals_source(dsn, lake, {*TABLES, "public.refunds"})
@@ -221,4 +218,23 @@ def test_resnapshots_behind_the_cdc_a_scheduler_backfill_and_a_rerun_end_equal(
         (slot_after,) = slot_state(pg_cluster, pg_dbname)
         assert lake_snapshots(lake, SLOT) == versions
         assert Lsn.parse(slot_after[3]) >= Lsn.parse(slot_before[3])
+    assert_lake_equals_source(dsn, lake, {*TABLES})
+
+
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+def test_a_lost_slot_is_repaired_by_the_recovery_dag_end_equal(
+    pg_cluster: PostgresCluster, pg_dbname: str, spark: SparkSession, tmp_path: Path
+) -> None:
+    dsn = pg_cluster.dsn(pg_dbname)
+    shop, conf, lake, sandbox = start_pipeline(pg_cluster, pg_dbname, tmp_path, spark)
+
+    # Lose the slot for real; the CDC run fails pointing to the recovery DAG, which repairs all.
+    invalidate_slot(pg_cluster, pg_dbname, shop)
+    failed = sandbox.dags_test("postgres_cdc_microbatch", conf)
+    assert failed.returncode != 0 and "postgres_cdc_recover_slot" in failed.output, failed.output[-3000:]
+    sandbox.dags_test("postgres_cdc_recover_slot", conf).check()
+    assert [(r[0], r[4]) for r in slot_state(pg_cluster, pg_dbname)] == [(SLOT, "reserved")]
+    shop.step()
+    sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     assert_lake_equals_source(dsn, lake, {*TABLES})
