@@ -18,7 +18,8 @@ source, and then:
   its tables hold (audited after every step and every crash);
 * every staged change is in its table's changelog exactly once.
 
-``make test`` runs ``DEFAULT_SEEDS`` with 2 rounds. ``make soak SEEDS=100 [ROUNDS=4]`` runs seeds
+A randomized run, left out of ``make test`` (marker ``long``): ``make test-long`` runs
+``DEFAULT_SEEDS`` with 2 rounds, and ``make soak SEEDS=100 [ROUNDS=4]`` runs seeds
 1-100 (``POSTGRES_CDC_SOAK_SEEDS``: ``N``, ``A-B`` or ``A,B``; ``POSTGRES_CDC_SOAK_ROUNDS``), one line
 per seed and a summary line. A failing seed keeps its work directory (staging, lake, the SQL the
 writers ran) and prints the command replaying it alone. Crash timings are random, so a replay
@@ -49,7 +50,7 @@ from tests.integration.fidelity.seeds import parse_seeds
 from tests.integration.reliability.soak_support import CRASHES, SoakPipeline, Writer
 from tests.integration.reliability.soak_workload import SoakWorkload
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.long]
 
 SEEDS_ENV = "POSTGRES_CDC_SOAK_SEEDS"
 ROUNDS_ENV = "POSTGRES_CDC_SOAK_ROUNDS"
