@@ -7,19 +7,19 @@ initial snapshot is loaded in the shared Spark session (the snapshot DAG's Asset
 them a cut, are test_openlineage's). Then a backlog piles up while no CDC runs: rounds of the
 shop's changes, then orders committed one per transaction (each with its lines and a total equal
 to their sum), whose commit LSNs are bracketed. One CDC run is triggered with a ``max_messages``
-that ends its batch halfway through those orders:
+that ends its batch a third of the way through those orders:
 
-1. the first batch is full, so its run's ``catch_up`` task triggers the next run with the same
-   conf and the chain's start (that a later link keeps the first run's start, and stops past the
-   budget, is tests/unit/operators/test_catch_up_operator.py's); the second batch takes the rest,
-   is not full, and its ``catch_up`` is skipped;
-2. the second run's Spark driver is killed mid-apply; the task's retry finishes the batch;
+1. the first two batches are full, so each run's ``catch_up`` task triggers the next run with the
+   same conf and the chain's start; the third batch takes the rest, is not full, and its
+   ``catch_up`` is skipped;
+2. the second run's Spark driver is killed mid-apply; the task's retry finishes the batch and the
+   chain goes on;
 3. each batch starts exactly where the previous ack left the slot, every staged change is in its
    table's changelog once, and the lake equals the source;
 4. each run's Asset events carry its batch's LSN window, cut tag and Iceberg snapshot ids;
 5. the scheduler runs ``postgres_cdc_downstream_example`` once per cut, and each run computes
-   revenue per customer at its cut: exactly what the source held at the cut's LSN (the first cut
-   halfway through the orders, though the lake and source had moved on);
+   revenue per customer at its cut: exactly what the source held at the cut's LSN (the first two
+   cuts part of the way through the orders, though the lake and source had moved on);
 6. the StatsD metrics reach a real UDP listener configured as Airflow's StatsD host.
 """
 
@@ -69,7 +69,9 @@ CDC = "postgres_cdc_microbatch"
 DOWNSTREAM = "postgres_cdc_downstream_example"
 FIRST_ORDER = 1_000_000
 PUBLISHED = set(TABLES)
-ORDERS = 120  # the writer's orders in the backlog: the first batch ends halfway through them
+# The writer's orders in the backlog, at least as many as the shop's changes before them: a batch of
+# the shop's changes and a third of the orders' then ends within the orders, and so does the next.
+ORDERS = 120
 # The example CDC DAG without its schedule (every run here is the test's or the chain's) and with a
 # retry after 5 s instead of a minute: the killed apply's retry comes sooner.
 CDC_DAG = """
@@ -233,13 +235,13 @@ def test_a_backlog_is_caught_up_through_a_killed_apply_and_each_cut_schedules_th
     snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
     register_lake(spark, lake)
     apply_manifest(spark, snapshot, lake)
-    for _ in range(4):
+    for _ in range(2):
         shop.step()
     shop_messages = backlog_messages(pg_cluster, pg_dbname)
     writer = Writer(dsn)
-    writer.write(ORDERS)
+    writer.write(max(ORDERS, shop_messages))
     order_messages = backlog_messages(pg_cluster, pg_dbname) - shop_messages
-    conf = {**conf, "max_messages": shop_messages + order_messages // 2}
+    conf = {**conf, "max_messages": shop_messages + order_messages // 3}
 
     with statsd_listener() as (port, stats):
         sandbox.extra_env.update(
@@ -256,8 +258,8 @@ def test_a_backlog_is_caught_up_through_a_killed_apply_and_each_cut_schedules_th
             services.set_paused(CDC, False)
             first = services.api("POST", f"/dags/{CDC}/dagRuns", {"logical_date": None, "conf": conf})
             killed = kill_second_apply(services, staging)
-            chain = services.wait_for_runs(CDC, 2, timeout=900).check().runs
-            downstream = services.wait_for_runs(DOWNSTREAM, 2).check().runs
+            chain = services.wait_for_runs(CDC, 3, timeout=900).check().runs
+            downstream = services.wait_for_runs(DOWNSTREAM, 3).check().runs
             drained = [task_xcom(services, CDC, run.run_id, "postgres_cdc.drain") for run in chain]
             catch_up = [
                 task_instance(services, run.run_id, "postgres_cdc.catch_up")["state"] for run in chain
@@ -271,17 +273,18 @@ def test_a_backlog_is_caught_up_through_a_killed_apply_and_each_cut_schedules_th
                 task_xcom(services, DOWNSTREAM, run.run_id, "revenue_per_customer") for run in downstream
             ]
 
-    # 1. The full batch's run started one more run, with its conf and the chain's start; the last stopped.
-    assert len(chain) == 2 and chain[0].run_id == first["dag_run_id"], chain
-    assert [d["full"] for d in drained] == [True, False], drained
-    assert catch_up == ["success", "skipped"]
+    # 1. Each full batch's run started one more run, with its conf and the chain's start; the last stopped.
+    assert len(chain) == 3 and chain[0].run_id == first["dag_run_id"], chain
+    assert [d["full"] for d in drained] == [True, True, False], drained
+    assert catch_up == ["success", "success", "skipped"]
     assert chain[0].start_date is not None
-    assert chain[1].conf == {**conf, CATCH_UP_SINCE: chain[1].conf[CATCH_UP_SINCE]}
-    since = datetime.fromisoformat(chain[1].conf[CATCH_UP_SINCE])
-    assert abs((since - chain[0].start_date).total_seconds()) < 1, (since, chain[0].start_date)
+    for follow in chain[1:]:
+        assert follow.conf == {**conf, CATCH_UP_SINCE: follow.conf[CATCH_UP_SINCE]}
+        since = datetime.fromisoformat(follow.conf[CATCH_UP_SINCE])
+        assert abs((since - chain[0].start_date).total_seconds()) < 1, (since, chain[0].start_date)
 
     # 2. The killed apply was retried (its driver really died: the pid is gone).
-    assert apply_tries == [1, 2] and not Path(f"/proc/{killed}").exists()
+    assert apply_tries == [1, 2, 1] and not Path(f"/proc/{killed}").exists()
 
     # 3. Contiguous windows, each change logged once, and the lake equals the source.
     for earlier, later in itertools.pairwise(drained):
@@ -317,13 +320,13 @@ def test_a_backlog_is_caught_up_through_a_killed_apply_and_each_cut_schedules_th
             )
             namespace, table = lake.identifier(*event["table"].split("."))
             assert extra["tables"][f"{namespace}.{table}"] == event["snapshot_id"]
-    # The second batch holds only the writer's orders: inserts into two tables.
+    # The last batch holds only the writer's orders: inserts into two tables.
     last = {e["uri"]: e["extra"] for e in table_events if e["extra"]["end_lsn"] == drained[-1]["end_lsn"]}
     assert set(last) == {table_asset(lake, "public", t).uri for t in ("orders", "order_items")}
     assert all(e["rows_inserted"] > 0 and e["rows_updated"] == e["rows_deleted"] == 0 for e in last.values())
 
     # 5. One downstream run per cut, each reading exactly its cut: the source at its LSN. The first
-    # cut is halfway through the writer's orders, which the lake and source had gone past.
+    # two cuts are part of the way through the writer's orders, which the lake and source went past.
     assert [(r["tag"], r["lsn"]) for r in results] == [
         (c["extra"]["tag"], c["extra"]["lsn"]) for c in cut_events
     ]
@@ -332,7 +335,8 @@ def test_a_backlog_is_caught_up_through_a_killed_apply_and_each_cut_schedules_th
         newest = result["newest_order_id"] - FIRST_ORDER + 1
         assert surely <= newest <= maybe, (surely, newest, maybe)
         assert normalized(result["customers"]) == normalized(source_revenue(dsn, result["newest_order_id"]))
-    assert 0 < results[0]["newest_order_id"] - FIRST_ORDER + 1 < ORDERS
+    orders_read = [r["newest_order_id"] - FIRST_ORDER + 1 for r in results]
+    assert 0 < orders_read[0] < orders_read[1] < orders_read[2] == len(writer.committed), orders_read
 
     # 6. Metrics, tagged by name with the slot, on a real StatsD listener.
     names = {line.split(":", 1)[0] for line in stats}
