@@ -121,7 +121,7 @@ test:
 
 # The long runs (marker `long`: backfills behind the CDC through a real scheduler, the test kit's own
 # scheduler runs, and more of the Spark jobs' tests on Spark 4.1), whose steps `make test` covers one
-# by one (about 5 min).
+# by one (about 7 min).
 test-long: test-setup
 	$(BIN)/python -m pytest -m long -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 

@@ -30,25 +30,27 @@ from airflow_provider_postgres_cdc.testing.spark_cds import SPARK_CDS_ENV, drive
 from tests.pg_majors import DEFAULT, PG18, default_major
 from tests.spark_lines import SPARK_35, SparkLine, spark_line_named
 
-# The modules that take over ~40 s each (seconds in ``make test`` on the 2-core CI machine), longest
+# The modules that take over ~40 s each (seconds in a clean clone's ``make test`` on 2 cores), longest
 # first. ``make test`` runs the suite on pytest-xdist workers, which take whole modules in collection
 # order: these go first, so that no long module starts late and ends the run alone. The others keep
 # their order.
 LONGEST_FIRST = (
-    "tests/integration/e2e/test_cdc_pipeline.py",  # 391
-    "tests/integration/e2e/test_backfills.py",  # 268 (its test marked long: 147 more)
-    "tests/integration/e2e/test_rest_lake.py",  # 265, on its cluster
-    "tests/integration/airflow/test_scheduled_cdc.py",  # 203
-    "tests/integration/spark/test_jobs_on_spark41.py",  # 179
-    "tests/integration/reliability/test_least_privilege.py",  # 122
-    "tests/integration/e2e/test_openlineage.py",  # 90, on Spark 4.1
-    "tests/integration/airflow/test_report_view.py",  # 86
-    "tests/integration/spark/test_history.py",  # 68
-    "tests/integration/spark/test_parallel_apply.py",  # 66
-    "tests/integration/reliability/test_failover.py",  # 65
-    "tests/integration/reliability/test_crash_soak.py",  # 49
-    "tests/integration/airflow/test_asset_watcher.py",  # 43
-    "tests/integration/spark/test_partitioned_apply.py",  # 43 and more
+    "tests/integration/e2e/test_cdc_pipeline.py",  # 347
+    "tests/integration/e2e/test_rest_lake.py",  # 175, on its cluster
+    "tests/integration/airflow/test_scheduled_cdc.py",  # 154
+    "tests/integration/reliability/test_least_privilege.py",  # 150
+    "tests/integration/spark/test_jobs_on_spark41.py",  # 123
+    "tests/integration/spark/test_multiset_apply.py",  # 109
+    "tests/integration/spark/test_resnapshot_apply.py",  # 103
+    "tests/integration/spark/test_history.py",  # 96
+    "tests/integration/e2e/test_openlineage.py",  # 94, on Spark 4.1
+    "tests/integration/reliability/test_failover.py",  # 90
+    "tests/integration/spark/test_parallel_apply.py",  # 74
+    "tests/integration/e2e/test_backfills.py",  # 72 (its tests marked long: about 6 min more)
+    "tests/integration/spark/test_schema_changes.py",  # 68
+    "tests/integration/fidelity/test_fidelity.py",  # 60
+    "tests/integration/airflow/test_report_view.py",  # 53
+    "tests/integration/airflow/test_asset_watcher.py",  # 50
 )
 
 

@@ -8,7 +8,7 @@ source.
 In ``make test``: a table added to the publication by the backfill DAG while a writer keeps
 changing it, then streamed by the CDC run after it.
 
-In ``make test-long`` (marker ``long``, about 3 minutes more): a re-snapshot of two tables whose
+In ``make test-long`` (marker ``long``, about 6 minutes more): a re-snapshot of two tables whose
 load comes only after the CDC applied a batch reaching past its consistent point (the load must
 replay those changes from the changelog); ``airflow backfill create`` of the CDC DAG over three
 intervals (the runs go in order); a past CDC run cleared and run again (nothing may change); and,
