@@ -30,16 +30,20 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.lake_catalog import pyiceberg_properties
-from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.plugins.pipelines import VARIABLE
 from airflow_provider_postgres_cdc.replication import connect, describe_slot
-from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
-from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import AirflowServices, PostgresCluster
 from tests.integration.airflow.browser import HeadlessChromium, find_chromium
-from tests.integration.e2e.e2e_support import lake_state, make_lake, pipeline_conf, pipeline_sandbox
+from tests.integration.e2e.e2e_support import (
+    lake_state,
+    load_initial_snapshot,
+    make_lake,
+    pipeline_conf,
+    pipeline_sandbox,
+    session_lake,
+)
 from tests.pipeline_lake import create_owned_table
 
 SLOT = "shop_report"
@@ -114,8 +118,7 @@ def deployment(
     shop = ShopWorkload(dsn, seed=25)
     shop.create_schema()
     shop.initial_load()
-    (tmp / "lake").mkdir()
-    lake = local_lake(str(tmp / "lake"), catalog="lake_report")  # its own name in the shared session
+    lake = session_lake(spark, tmp / "lake", "lake_report")
     lake_conn = connection_json(lake)
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -148,9 +151,7 @@ def deployment(
         env={f"AIRFLOW_VAR_{VARIABLE.upper()}": json.dumps(pipelines)},
     )
     conf = pipeline_conf(SLOT, tmp / "staging")
-    register_lake(spark, lake)
-    snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
-    apply_manifest(spark, snapshot, lake)
+    load_initial_snapshot(spark, lake, dsn, SLOT, conf["staging"])
     shop.step()
     sandbox.dags_test("postgres_cdc_microbatch", conf).check()
     services = UserServices(sandbox)

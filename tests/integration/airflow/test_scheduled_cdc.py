@@ -48,19 +48,18 @@ from pyspark.sql import SparkSession
 from airflow_provider_postgres_cdc.assets import cut_asset, table_asset
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.catch_up import CATCH_UP_SINCE
-from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
-from airflow_provider_postgres_cdc.formats.lake import local_lake, tag_name
+from airflow_provider_postgres_cdc.formats.lake import tag_name
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
-from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
-from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import AirflowServices, PostgresCluster
 from tests.integration.e2e.e2e_support import (
     DAGS,
     assert_changelog_holds,
+    load_initial_snapshot,
     pipeline_conf,
     pipeline_sandbox,
+    session_lake,
     staged_changes,
 )
 
@@ -221,8 +220,7 @@ def test_a_backlog_is_caught_up_through_a_killed_apply_and_each_cut_schedules_th
     shop = ShopWorkload(dsn, seed=22)
     shop.create_schema()
     shop.initial_load()
-    (tmp_path / "lake").mkdir()
-    lake = local_lake(str(tmp_path / "lake"), catalog="lake_scheduled")  # its own name in the shared session
+    lake = session_lake(spark, tmp_path / "lake", "lake_scheduled")
     staging = tmp_path / "staging"
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -232,9 +230,7 @@ def test_a_backlog_is_caught_up_through_a_killed_apply_and_each_cut_schedules_th
         tmp_path / "airflow", pg_cluster.uri(pg_dbname), connection_json(lake), dags=dags
     )
     conf = pipeline_conf(SLOT, staging)
-    snapshot, _ = take_snapshot(dsn, SLOT, [PUBLICATION], conf["staging"])
-    register_lake(spark, lake)
-    apply_manifest(spark, snapshot, lake)
+    load_initial_snapshot(spark, lake, dsn, SLOT, conf["staging"])
     for _ in range(2):
         shop.step()
     shop_messages = backlog_messages(pg_cluster, pg_dbname)

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION
 from airflow_provider_postgres_cdc.engine.lake_catalog import (
@@ -25,11 +26,14 @@ from airflow_provider_postgres_cdc.engine.lake_catalog import (
     table_state,
 )
 from airflow_provider_postgres_cdc.engine.object_store import S3Options
+from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
 from airflow_provider_postgres_cdc.engine.spark_conf import submit_settings
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig, TableState, local_lake
 from airflow_provider_postgres_cdc.formats.layout import is_part_file, parse_table_dir_name, table_dir_name
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
 from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, job_py_files, local_jars
+from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
+from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import AirflowSandbox
 
 DAGS = Path(__file__).resolve().parents[3] / "dags_examples"
@@ -42,6 +46,22 @@ def make_lake(root: Path) -> tuple[LakeConfig, str]:
     root.mkdir(parents=True, exist_ok=True)
     lake = local_lake(str(root))
     return lake, connection_json(lake)
+
+
+def session_lake(spark: SparkSession, root: Path, catalog: str) -> LakeConfig:
+    """A local lake under ``root``, registered in the shared Spark session under a catalog name of
+    its own (Spark keeps a catalog per name: two tests' lakes must not share one)."""
+    root.mkdir(parents=True, exist_ok=True)
+    lake = local_lake(str(root), catalog=catalog)
+    register_lake(spark, lake)
+    return lake
+
+
+def load_initial_snapshot(spark: SparkSession, lake: LakeConfig, dsn: str, slot: str, staging: str) -> None:
+    """The initial snapshot of ``slot`` taken and loaded in the shared Spark session, for tests that
+    start from a loaded pipeline (the snapshot DAG is the end-to-end tests' that are about it)."""
+    snapshot, _ = take_snapshot(dsn, slot, [PUBLICATION], staging)
+    apply_manifest(spark, snapshot, lake)
 
 
 def pipeline_sandbox(

@@ -36,17 +36,17 @@ from pyspark.sql import SparkSession
 from airflow_provider_postgres_cdc.demo.shop import PUBLICATION, TABLES, ShopWorkload
 from airflow_provider_postgres_cdc.engine.snapshot import take_snapshot
 from airflow_provider_postgres_cdc.engine.verify import compare_tables, format_report
-from airflow_provider_postgres_cdc.formats.lake import LakeConfig, local_lake
+from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.hooks.lake import connection_json
-from airflow_provider_postgres_cdc.spark.apply_batch import apply_manifest
-from airflow_provider_postgres_cdc.spark.session import register_lake
 from airflow_provider_postgres_cdc.testing import AirflowSandbox, PostgresCluster
 from tests.integration.e2e.e2e_support import (
     lake_snapshots,
     lake_state,
+    load_initial_snapshot,
     pipeline_conf,
     pipeline_sandbox,
+    session_lake,
     spark_apply,
 )
 
@@ -134,13 +134,10 @@ def start_pipeline(
         dbname,
     )
     staging = root / "staging"
-    (root / "lake").mkdir()
-    lake = local_lake(str(root / "lake"), catalog="lake_backfills")  # its own name in the shared session
+    lake = session_lake(spark, root / "lake", "lake_backfills")
     sandbox = pipeline_sandbox(root / "airflow", pg.uri(dbname), connection_json(lake))
     conf = pipeline_conf(SLOT, staging)
-    snapshot, _ = take_snapshot(pg.dsn(dbname), SLOT, [PUBLICATION], conf["staging"])
-    register_lake(spark, lake)
-    apply_manifest(spark, snapshot, lake)
+    load_initial_snapshot(spark, lake, pg.dsn(dbname), SLOT, conf["staging"])
     return shop, conf, lake, sandbox
 
 
