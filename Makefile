@@ -74,16 +74,22 @@ $(POSTGRES_CDC_SPARK_CDS): $(LAKE_JARS_DIR)/.fetched | $(STAMP)
 spark-cds: $(POSTGRES_CDC_SPARK_CDS)
 
 # Spark 4.1 with Iceberg 1.12, the second line the jobs are tested on (docs/LAKE.md, "Versions").
-# pyspark 4 installs into the same `pyspark/` folder as 3.5, so it gets a virtualenv of its own that
-# holds pyspark alone, as a Spark distribution on a worker would (the jobs import nothing else), and
-# the 4.1 lake jars. `make test` starts the install in the background (about 50 s from a cold pip
-# cache: the sdist is built into a wheel) so that it overlaps lint and the unit tests; the 4.1 tests
-# wait for it (tests/spark_lines.py).
+# pyspark 4 installs into the same `pyspark/` folder as 3.5, so it gets a virtualenv of its own, with
+# the 4.1 lake jars: pyspark with its `connect` extra, a Spark distribution as on a worker (the jobs
+# import nothing else) whose Python is also a Spark Connect client (grpcio, pandas, pyarrow;
+# testing/spark_connect.py runs the server). The 4.1 job tests put its site-packages ahead of the test
+# virtualenv's, so every package both hold is pinned to the test virtualenv's version (its list, less
+# pyspark, as constraints). `make test` starts the install in the background (about 50 s from a cold
+# pip cache: the sdist is built into a wheel) so that it overlaps lint and the unit tests; the 4.1
+# tests wait for it (tests/spark_lines.py).
 PYSPARK4 := 4.1.1
 SPARK4_VENV := .venv-spark4
-SPARK4_STAMP := $(SPARK4_VENV)/.pyspark-$(PYSPARK4)
+SPARK4_STAMP := $(SPARK4_VENV)/.pyspark-connect-$(PYSPARK4)
 SPARK4_INSTALL := rm -rf $(SPARK4_VENV) && $(PYTHON) -m venv --without-pip $(SPARK4_VENV) \
-	&& $(BIN)/python -m pip --python $(SPARK4_VENV)/bin/python install --quiet pyspark==$(PYSPARK4) \
+	&& $(BIN)/python -m pip list --format=freeze --exclude-editable | grep -iv '^pyspark==' \
+		> $(SPARK4_VENV)/constraints.txt \
+	&& $(BIN)/python -m pip --python $(SPARK4_VENV)/bin/python install --quiet \
+		--constraint $(SPARK4_VENV)/constraints.txt 'pyspark[connect]==$(PYSPARK4)' \
 	&& touch $(SPARK4_STAMP)
 $(SPARK4_STAMP): | $(STAMP)
 	$(SPARK4_INSTALL)
@@ -93,7 +99,7 @@ spark4: $(SPARK4_STAMP) $(CURDIR)/$(VENV)/lake-jars/spark-4.1/.fetched
 # The install in the background: its log in .venv-spark4.log, its process id in .venv-spark4.pid.
 spark4-background: $(CURDIR)/$(VENV)/lake-jars/spark-4.1/.fetched | $(STAMP)
 	@if [ ! -f $(SPARK4_STAMP) ] && ! grep -qs $(SPARK4_VENV) "/proc/$$(cat $(SPARK4_VENV).pid 2>/dev/null)/cmdline"; then \
-		echo "installing pyspark $(PYSPARK4) into $(SPARK4_VENV) in the background (log: $(SPARK4_VENV).log)"; \
+		echo "installing pyspark[connect] $(PYSPARK4) into $(SPARK4_VENV) in the background (log: $(SPARK4_VENV).log)"; \
 		(set -x; $(SPARK4_INSTALL)) > $(SPARK4_VENV).log 2>&1 & echo $$! > $(SPARK4_VENV).pid; \
 	fi
 
