@@ -5,8 +5,9 @@
 :mod:`.airflow_cli` a private ``AIRFLOW_HOME`` for ``airflow dags test`` (:class:`AirflowSandbox`, on
 :mod:`.airflow_home`); :mod:`.airflow_services` the scheduler and API server for backfills and
 re-runs (:class:`AirflowServices`), whose runs :mod:`.airflow_runs` describes; :mod:`.spark_cluster`
-a Spark standalone master and workers (:class:`SparkStandaloneCluster`); :mod:`.s3` an S3 server
-on SeaweedFS (:class:`S3Server`); :mod:`.processes` the process helpers they share, and
+a Spark standalone master and workers (:class:`SparkStandaloneCluster`); :mod:`.spark_connect` a
+Spark 4 Connect server whose clients run jobs as sessions (:class:`SparkConnectServer`); :mod:`.s3`
+an S3 server on SeaweedFS (:class:`S3Server`); :mod:`.processes` the process helpers they share, and
 :mod:`.errors` the kit's exceptions.
 
 Example::
@@ -30,6 +31,7 @@ from airflow_provider_postgres_cdc.testing.errors import (
 from airflow_provider_postgres_cdc.testing.postgres import PostgresCluster, find_postgres_bindir
 from airflow_provider_postgres_cdc.testing.s3 import S3Server
 from airflow_provider_postgres_cdc.testing.spark_cluster import SparkStandaloneCluster
+from airflow_provider_postgres_cdc.testing.spark_connect import SparkConnectServer
 from airflow_provider_postgres_cdc.testing.standby import PostgresStandby
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "S3Server",
     "SchedulerResult",
     "SeaweedFsNotFoundError",
+    "SparkConnectServer",
     "SparkNotFoundError",
     "SparkStandaloneCluster",
     "find_postgres_bindir",
