@@ -1,8 +1,9 @@
 """Which Spark line a test submits the jobs with: 3.5 with Iceberg 1.10, or 4.1 with Iceberg 1.12.
 
 3.5 is the test virtualenv's own pyspark. pyspark 4 installs into the same ``pyspark/`` folder, so
-4.1 lives in ``.venv-spark4`` beside it, holding pyspark alone, as a Spark distribution on an
-Airflow worker would: the jobs import nothing else. Each line loads its own lake jars
+4.1 lives in ``.venv-spark4`` beside it, holding pyspark with its ``connect`` extra, as a Spark
+distribution on an Airflow worker would (the jobs import nothing else), whose Python is also a
+Spark Connect client. Each line loads its own lake jars
 (``make lake-jars SPARK_LINE=...``, under the test virtualenv). ``make test`` installs the 4.1 line
 in the background while lint and the unit tests run; :func:`spark_line_named` waits for it.
 

@@ -14,7 +14,7 @@ class PostgresNotFoundError(RuntimeError):
 
 
 class SparkNotFoundError(RuntimeError):
-    """No ``spark-class`` was found to start a Spark standalone cluster for tests."""
+    """No ``spark-class`` or ``spark-submit`` to start a test's Spark cluster or Connect server."""
 
 
 class SeaweedFsNotFoundError(RuntimeError):

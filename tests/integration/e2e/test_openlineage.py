@@ -9,9 +9,9 @@ datasets and facets docs/OBSERVABILITY.md promises.
 The jobs run on Spark 4.1 with Iceberg 1.12, deployed as a user would (docs/LAKE.md, "Versions"):
 Airflow in the test virtualenv (Spark provider 5.6, pyspark 3.5), the worker's environment pointing
 at Spark 4.1 elsewhere (``SPARK_HOME`` with its ``bin`` first on ``PATH``, so the Spark connection's
-plain ``spark-submit`` is 4.1's), the jobs' Python a virtualenv holding pyspark alone, and the 4.1
-lake jars (tests/spark_lines.py). Iceberg's own snapshot summaries must say that Spark 4.1 and
-Iceberg 1.12 wrote every table, and the lake must equal its source.
+plain ``spark-submit`` is 4.1's), the jobs' Python a virtualenv holding pyspark (and its Connect
+client), and the 4.1 lake jars (tests/spark_lines.py). Iceberg's own snapshot summaries must say
+that Spark 4.1 and Iceberg 1.12 wrote every table, and the lake must equal its source.
 """
 
 from __future__ import annotations
