@@ -211,9 +211,9 @@ def current_snapshots(spark: SparkSession, lake: LakeConfig) -> dict[str, int]:
     """The current snapshot of the bench table and of its history table, when it has one."""
     tables, found = IcebergTables(spark, lake), {}
     for name in ("bench", "bench" + HISTORY_SUFFIX):
-        table = tables.java_table(("public", name))
-        if table is not None:
-            found[name] = int(table.currentSnapshot().snapshotId())
+        table = tables.table(("public", name))
+        if table is not None and table.snapshot_id is not None:
+            found[name] = table.snapshot_id
     return found
 
 

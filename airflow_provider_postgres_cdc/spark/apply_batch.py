@@ -64,12 +64,13 @@ from airflow_provider_postgres_cdc.spark.changes import (
     net_effect,
     table_columns,
 )
-from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, temp_view
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
 from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
 from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds, merge_sql, row_key_range
 from airflow_provider_postgres_cdc.spark.replay import replay_changelog
 from airflow_provider_postgres_cdc.spark.schema_evolution import plan_schema_changes, resnapshot_needed
 from airflow_provider_postgres_cdc.spark.soft_deletes import reloaded, unmarked
+from airflow_provider_postgres_cdc.spark.sql_text import temp_view
 from airflow_provider_postgres_cdc.spark.staged import (
     base_dir,
     declared_schema,
@@ -105,16 +106,6 @@ def conform(df: DataFrame, schema: StructType) -> DataFrame:
     )
 
 
-def _snapshot_id(table: Any) -> int | None:
-    snapshot = table.currentSnapshot()
-    return int(snapshot.snapshotId()) if snapshot is not None else None
-
-
-def _rows(table: Any) -> int:
-    snapshot = table.currentSnapshot() if table is not None else None
-    return int(snapshot.summary().get("total-records") or 0) if snapshot is not None else 0
-
-
 class ApplyJob:
     """One manifest applied to the lake: the per-table steps and the cut that follows them."""
 
@@ -131,11 +122,19 @@ class ApplyJob:
         self.spark = spark
         self.tables = tables
         self.manifest = manifest
+        self.manifest_path = manifest_path
         self.base_dir = base_dir(manifest_path)
         self.partitions = partitions or {}  # a table it does not name keeps its spec
         self.deletes = deletes
         self.history = history
         self.logs = ChangeLogs(tables, manifest, self.summary, self._refuse_unfilled)
+
+    def on(self, spark: SparkSession) -> ApplyJob:
+        """The same job in another session: a table's thread's own (``spark/table_runs.py``)."""
+        return ApplyJob(
+            spark, self.tables.on(spark), self.manifest, self.manifest_path,
+            self.partitions, self.deletes, self.history,
+        )  # fmt: skip
 
     def summary(
         self,
@@ -179,7 +178,7 @@ class ApplyJob:
         """
         started, begun = time.monotonic(), time.time()
         identifier = self.tables.config.identifier(spec.schema, spec.table)
-        table = self.tables.java_table(identifier)
+        table = self.tables.table(identifier)
         previous = self.tables.state(table)
         point = self.manifest.end_lsn
         if previous is not None and point <= previous.base_lsn:
@@ -188,11 +187,11 @@ class ApplyJob:
                     "%s: snapshot %s is not newer than the table's base LSN %s: skipped (never backwards)",
                     spec.qualified, self.manifest.batch_id, previous.base_lsn,
                 )  # fmt: skip
-            return TableResult(spec.qualified, "skipped", rows=_rows(table))
+            return TableResult(spec.qualified, "skipped", rows=table.total_records if table else 0)
         rows = self._staged(spec)
         if rows is None:
             rows = self.spark.createDataFrame([], declared_schema(spec))
-        properties = table.properties() if table is not None else None
+        properties = table.properties if table is not None else None
         mode = DELETES.for_load(self.deletes, spec.qualified, properties)
         history = HISTORY.for_load(self.history, spec.qualified, properties)
         keys, snapshot_rows = key_columns(spec, [c.name for c in table_columns(rows)]), rows
@@ -204,8 +203,8 @@ class ApplyJob:
         source_columns: str | None = encode_columns(
             [SourceColumn(c.name, c.type_oid, c.typmod) for c in spec.columns if not is_sibling(c.name)]
         )
-        if previous is not None and previous.applied_end_lsn > point:  # replayed as logged: so staged
-            check_recorded(spec.qualified, table.properties(), spec.column_transforms, _names(spec))
+        if table is not None and previous is not None and previous.applied_end_lsn > point:  # as logged
+            check_recorded(spec.qualified, table.properties, spec.column_transforms, _names(spec))
             window = (point, previous.applied_end_lsn)
             rows, replayed = replay_changelog(self.tables, spec, rows, window, mode == "soft")
             applied_end, source_columns = previous.applied_end_lsn, previous.source_columns
@@ -229,14 +228,14 @@ class ApplyJob:
             self.tables.evolve(identifier, table_columns(rows))
             self.tables.conform_spec(identifier, partition)
             self.tables.conform_recorded(identifier, mode, spec.column_transforms, history)
-            current = table.currentSnapshot()  # as read above: a commit since then makes this one fail
-            read_snapshot = int(current.snapshotId()) if current is not None else None
+            # As read above: a commit since then makes this one fail.
             self.tables.overwrite(
-                identifier, conform(rows, self.tables.schema(identifier)), summary, read_snapshot
+                identifier, conform(rows, self.tables.schema(identifier)), summary, table.snapshot_id
             )
-        loaded = self.tables.java_table(identifier)
+        loaded = self.tables.table(identifier)
+        rows_loaded = loaded.total_records if loaded is not None else 0
         # "changes": the logged changes replayed on top of the snapshot (0 unless batches were ahead).
-        return TableResult(spec.qualified, "loaded", replayed, _rows(loaded), time.monotonic() - started)
+        return TableResult(spec.qualified, "loaded", replayed, rows_loaded, time.monotonic() - started)
 
     # --------------------------------------------------------------------------------- batch
 
@@ -256,13 +255,13 @@ class ApplyJob:
         """
         started, begun = time.monotonic(), time.time()
         identifier = self.tables.config.identifier(spec.schema, spec.table)
-        table = self.tables.java_table(identifier)
+        table = self.tables.table(identifier)
         state = self.tables.state(table)
         end = self.manifest.end_lsn
         window = table_window(end, state)
         if window.empty:
             return TableResult(spec.qualified, "skipped")
-        properties = table.properties() if table is not None else None  # only a load may switch:
+        properties = table.properties if table is not None else None  # only a load may switch:
         mode = DELETES.for_batch(self.deletes, spec.qualified, properties)  # the delete mode,
         history = HISTORY.for_batch(self.history, spec.qualified, properties)  # the history mode,
         if properties is not None:  # and the column transforms
@@ -274,7 +273,7 @@ class ApplyJob:
         if staged is None:
             if table is not None:
                 summary = self.summary(base, end, steps.source_columns, started=begun)
-                self.tables.record(table, summary, _snapshot_id(table))
+                self.tables.record(identifier, summary, table.snapshot_id)
             return TableResult(spec.qualified, "applied")
         staged = steps.fill_staged(staged, self.spark)
         logging_window = self.logs.changelog_window(spec, base)
@@ -297,8 +296,8 @@ class ApplyJob:
             transforms = spec.column_transforms
             slot = self.manifest.slot
             self.tables.create(identifier, empty, created, slot, partition, mode, transforms, history)
-            table = self.tables.java_table(identifier)
-        read_snapshot = _snapshot_id(table)  # the snapshot the state above was read from
+            table = self.tables.table(identifier)
+        read_snapshot = table.snapshot_id if table is not None else None  # the state above was read from
         lake_columns = self.tables.schema(identifier).fieldNames()
         self.tables.evolve(identifier, columns)
         self.tables.conform_spec(identifier, partition)
@@ -308,7 +307,7 @@ class ApplyJob:
             self.logs.merge_history(spec, candidates, columns, keys, versions_window, new_table, known)
         target = self.tables.name(identifier)
         if read_snapshot is not None:
-            self.tables.open_branch(table, read_snapshot)
+            self.tables.open_branch(identifier, read_snapshot)
             target = self.tables.branch_name(identifier)
             steps.fill_lake(self.tables, target, lake_columns)  # published with the MERGE below
         schema = self.tables.schema(identifier)
@@ -332,12 +331,10 @@ class ApplyJob:
         summary = self.summary(base, end, steps.source_columns, started=begun, counts=facts.counts)
         if sql is not None:
             self.tables.merge(sql, summary)
+        if not self.tables.holds(identifier, end, on_branch=read_snapshot is not None):
+            self.tables.record_on(target, summary)  # the merge changed no file: no snapshot
         if read_snapshot is not None:
             self.tables.publish_branch(identifier)
-        merged = self.tables.java_table(identifier)
-        after = self.tables.state(merged)
-        if after is None or after.applied_end_lsn < end:  # the merge changed no file: no snapshot
-            self.tables.record(merged, summary, read_snapshot)
         seconds, count = time.monotonic() - started, facts.changes
         log.info("%s: %d change(s) merged (%.1f s)", spec.qualified, count, seconds)
         return TableResult(spec.qualified, "applied", count, seconds=seconds)
@@ -383,7 +380,12 @@ class ApplyJob:
         Each table keeps its own commits and its own redo on a lost race. When a table fails, the
         others still finish theirs; the run then fails with the first error, and no cut is tagged.
         """
-        step = self.load_snapshot_table if self.manifest.kind == "snapshot" else self.apply_batch_table
+        snapshot = self.manifest.kind == "snapshot"
+
+        def step(spark: SparkSession, spec: TableManifest) -> TableResult:
+            job = self.on(spark)
+            return job.load_snapshot_table(spec) if snapshot else job.apply_batch_table(spec)
+
         config = self.tables.config
         identifiers = [config.identifier(spec.schema, spec.table) for spec in specs]
         added = self.tables.register(self.manifest.slot, identifiers)
@@ -413,7 +415,7 @@ class ApplyJob:
             return
         for spec in m.tables:
             state = self.tables.state(
-                self.tables.java_table(self.tables.config.identifier(spec.schema, spec.table))
+                self.tables.table(self.tables.config.identifier(spec.schema, spec.table))
             )
             if spec.files and (state is None or state.applied_end_lsn < m.end_lsn):
                 log.info("%s not applied yet: no cut tagged for %s", spec.qualified, m.batch_id)

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as sf
@@ -36,8 +35,10 @@ from airflow_provider_postgres_cdc.spark.changes import (
     table_columns,
 )
 from airflow_provider_postgres_cdc.spark.history import merge_sql, opened, version_step
-from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, temp_view
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
+from airflow_provider_postgres_cdc.spark.lake_table import LakeTable
 from airflow_provider_postgres_cdc.spark.merge_sql import key_bounds
+from airflow_provider_postgres_cdc.spark.sql_text import temp_view
 
 log = logging.getLogger("postgres_cdc.apply")
 
@@ -75,8 +76,8 @@ class ChangeLogs:
         return self._window(self.tables.config.changelog_identifier(spec.schema, spec.table), base)
 
     def _window(self, identifier: tuple[str, str], base: Lsn) -> Window:
-        table = self.tables.java_table(identifier)
-        return changelog_window(self.manifest.end_lsn, base, self.tables.history(table) if table else ())
+        table = self.tables.table(identifier)
+        return changelog_window(self.manifest.end_lsn, base, table.history() if table else ())
 
     def append_changelog(self, spec: TableManifest, candidates: DataFrame, window: Window) -> None:
         """Log the changes of ``window``, recording the range in the commit (none when it is empty)."""
@@ -112,7 +113,7 @@ class ChangeLogs:
         if window.empty:
             return
         identifier = self.tables.config.history_identifier(spec.schema, spec.table)
-        if self.tables.java_table(identifier) is None:
+        if self.tables.table(identifier) is None:
             if not created:
                 raise ApplyError(
                     f"{spec.qualified} keeps its history, but its history table {'.'.join(identifier)} "
@@ -160,7 +161,7 @@ class ChangeLogs:
     def load_history(
         self,
         spec: TableManifest,
-        table: Any,
+        table: LakeTable | None,
         rows: DataFrame,
         keys: Sequence[str],
         applied_end: Lsn,
@@ -176,28 +177,28 @@ class ChangeLogs:
         """
         identifier = self.tables.config.history_identifier(spec.schema, spec.table)
         point = self.manifest.end_lsn
-        history = self.tables.java_table(identifier)
+        history = self.tables.table(identifier)
         kept = (
             history is not None
             and table is not None
-            and HISTORY.recorded(table.properties()) == "scd2"
-            and (history.properties().get(TRANSFORMS_PROPERTY) or "") == spec.column_transforms
-            and logged_end(self.tables.history(history)) >= point
+            and HISTORY.recorded(table.properties) == "scd2"
+            and (history.properties.get(TRANSFORMS_PROPERTY) or "") == spec.column_transforms
+            and logged_end(history.history()) >= point
         )
-        if kept:
+        if kept and history is not None:
             self.tables.retire_changelog_columns(identifier, *retyped)
-            start = logged_end(self.tables.history(history))
+            start = logged_end(history.history())
         else:
             if history is not None:
                 log.warning("%s: its history is rebuilt from this snapshot", spec.qualified)
-                self.tables.spark.sql(f"DROP TABLE {self.tables.name(identifier)}")
+                self.tables.drop(identifier)
             at = datetime.fromisoformat(self.manifest.consistent_time.replace("Z", "+00:00"))
             # Valid from the point minus one: the snapshot holds the commits below the point.
             versions = opened(rows, int(point) - 1, at, keys[0])
             self._create(spec, versions, self.summary(point, point, started=time.time(), logged_from=point))
             start = point
         changelog = self.tables.config.changelog_identifier(spec.schema, spec.table)
-        if applied_end > start and self.tables.java_table(changelog) is not None:
+        if applied_end > start and self.tables.table(changelog) is not None:
             logged = self.tables.spark.table(self.tables.name(changelog)).drop(BATCH_ID)
             changes = within(logged, Window(start, applied_end))
             columns = table_columns(changes)

@@ -16,6 +16,8 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as sf
 from pyspark.sql.types import StructField
 
+from airflow_provider_postgres_cdc.spark.runtime import is_connect
+
 # Staged metadata columns (FORMATS.md); table columns never start with the reserved ``_pgl_``.
 OP = "_pgl_op"
 COMMIT_LSN = "_pgl_commit_lsn"
@@ -80,7 +82,8 @@ def materialize(frame: DataFrame) -> DataFrame:
     block managers: faster, but an executor lost afterwards fails the job ("Checkpoint block ... not
     found"), and the apply converges only when re-run (docs/LAKE.md, "On a cluster").
     """
-    if frame.sparkSession.sparkContext.getCheckpointDir():
+    spark = frame.sparkSession
+    if not is_connect(spark) and spark.sparkContext.getCheckpointDir():
         return frame.checkpoint(eager=True)
     return frame.localCheckpoint()
 

@@ -50,7 +50,7 @@ from airflow_provider_postgres_cdc.spark.changes import (
     fill_unchanged,
     key_struct,
 )
-from airflow_provider_postgres_cdc.spark.iceberg import quote
+from airflow_provider_postgres_cdc.spark.sql_text import quote
 
 FLAG = "_pgl_x_flag"  # END: ends the current version of its key; VERSION: a version to insert
 END, VERSION = "E", "V"

@@ -1,31 +1,27 @@
-"""Iceberg tables through Spark's Iceberg runtime: every commit the apply job makes, in one place.
+"""Iceberg tables through Spark SQL: every commit the jobs make, in one place.
 
-Spark SQL does the data work (``MERGE INTO``, ``writeTo``); Iceberg's Java API, reached through
-py4j, does what SQL cannot say: commit properties on a ``MERGE`` (``CommitMetadata``, Iceberg's
-documented way), reading the snapshot history a table's pipeline state lives in, empty commits
-that record a batch with nothing to write, schema changes on names SQL would parse, and tags.
+Modules elsewhere compute *what* to write (a ``MERGE`` statement, a partition spec, the marks'
+columns); this one writes it. Everything goes through Spark SQL and ``DataFrameWriterV2`` alone
+(reads through ``spark/lake_table.py``), so the jobs run the same as a spark-submit driver and
+as a Spark Connect client. A commit's summary keys (docs/LAKE.md) reach Iceberg one of two ways,
+chosen once per job by the catalog's Iceberg runtime (:func:`summary_writer`): from the session's
+``spark.sql.iceberg.snapshot-property.<key>`` settings (Iceberg 1.11 and later), or through
+Iceberg's ``CommitMetadata`` in the driver's JVM (earlier runtimes: Spark 3.5's, spark-submit only).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as sf
-from pyspark.sql.types import (
-    DataType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StringType, StructField, StructType
 
-from airflow_provider_postgres_cdc.errors import BACKFILL, ApplyError, CatalogError, SchemaConflictError
+from airflow_provider_postgres_cdc.errors import (
+    ApplyError,
+    CatalogError,
+)
 from airflow_provider_postgres_cdc.formats import lake, lake_index
 from airflow_provider_postgres_cdc.formats.column_transforms import TRANSFORMS_PROPERTY
 from airflow_provider_postgres_cdc.formats.deletes import DELETES_PROPERTY, DeleteMode
@@ -33,37 +29,36 @@ from airflow_provider_postgres_cdc.formats.history import HISTORY_PROPERTY, Hist
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.partitioning import PARTITION_PROPERTY, PartitionField, spec_text
-from airflow_provider_postgres_cdc.spark.changes import OLD
+from airflow_provider_postgres_cdc.spark.commit_summaries import SummaryWriter, summary_writer
 from airflow_provider_postgres_cdc.spark.lake_failures import root_cause
-from airflow_provider_postgres_cdc.spark.partitioning import conform_spec, drop_columns, partition_clause
-from airflow_provider_postgres_cdc.spark.soft_deletes import conform_mode
-from airflow_provider_postgres_cdc.spark.widening import widened
+from airflow_provider_postgres_cdc.spark.lake_table import LakeTable, read_table
+from airflow_provider_postgres_cdc.spark.partitioning import (
+    SOURCES_PROPERTY,
+    partition_clause,
+    sources_text,
+)
+from airflow_provider_postgres_cdc.spark.runtime import (
+    SPARK_ERRORS,
+)
+from airflow_provider_postgres_cdc.spark.sql_text import literal, quote, temp_view
+from airflow_provider_postgres_cdc.spark.table_changes import TableChanges
+
+__all__ = ["IcebergTables", "is_conflict", "literal", "quote", "summary_writer", "temp_view"]
 
 log = logging.getLogger("postgres_cdc.apply")
 
 TARGET_FILE_BYTES = 64 << 20
 MERGE_BRANCH = "pgl_merge"
+SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
 # Exceptions of a commit that lost to another writer (or whose outcome is unknown): the table's
 # state is read again and the work redone, which is safe because every step checks that state.
-# Fast-forwarding main to the merge branch fails with an IllegalArgumentException when main moved.
+# Fast-forwarding main to the merge branch fails when main moved since the branch was opened.
 _CONFLICTS = (
     "ValidationException",
     "CommitFailedException",
     "CommitStateUnknownException",
     "Cannot fast-forward: main is not an ancestor",
 )
-# A table, or the namespace it would be in, does not exist (Spark's and Iceberg's names for it).
-_MISSING = ("NoSuchTableException", "TABLE_OR_VIEW_NOT_FOUND", "NoSuchNamespaceException")
-
-
-def quote(name: str) -> str:
-    """A Spark SQL identifier part: backticks, with backticks inside doubled."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def literal(text: str) -> str:
-    """A Spark SQL string literal (backslashes and quotes escaped: Spark unescapes literals)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -72,35 +67,29 @@ def is_conflict(exc: BaseException) -> bool:
     return any(name in text for name in _CONFLICTS)
 
 
-class _Call:
-    """A ``java.util.concurrent.Callable`` running a Python function (py4j callback)."""
-
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self.fn = fn
-        self.error: BaseException | None = None
-
-    def call(self) -> int:
-        try:
-            self.fn()
-        except BaseException as exc:  # re-raised on the Python side with its own type
-            self.error = exc
-        return 0
-
-    class Java:
-        implements = ["java.util.concurrent.Callable"]
-
-
 class IcebergTables:
     """The lake's tables in one Spark session: names, state, schema, commits and tags."""
 
-    def __init__(self, spark: SparkSession, config: LakeConfig, write_mode: str = "merge-on-read") -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: LakeConfig,
+        write_mode: str = "merge-on-read",
+        summaries: SummaryWriter | None = None,
+    ) -> None:
         if write_mode not in WRITE_MODES:
             raise ApplyError(f"write mode must be one of {WRITE_MODES}, not {write_mode!r}")
         self.spark = spark
         self.config = config
         self.write_mode = write_mode
-        self._jvm: Any = spark._jvm
-        self._check_catalog()
+        if summaries is None:
+            self._check_catalog()
+            summaries = summary_writer(spark, config.catalog)
+        self.summaries = summaries
+
+    def on(self, spark: SparkSession) -> IcebergTables:
+        """The same lake in another session (a table's thread's own: ``spark/runtime.fork_session``)."""
+        return IcebergTables(spark, self.config, self.write_mode, self.summaries)
 
     def _check_catalog(self) -> None:
         name = self.config.catalog
@@ -112,12 +101,8 @@ class IcebergTables:
                 "runtime jar"
             )
         try:
-            catalog = self.spark._jsparkSession.sessionState().catalogManager().catalog(name)
-            gateway: Any = self.spark.sparkContext._gateway
-            levels = gateway.new_array(self._jvm.java.lang.String, 1)
-            levels[0] = lake_index.index_namespace(self.config)
-            catalog.namespaceExists(levels)  # any answer will do: the catalog is reachable
-        except (PySparkException, Py4JJavaError) as exc:
+            self.spark.sql(f"SHOW NAMESPACES IN {quote(name)}").collect()  # any answer: it is reachable
+        except SPARK_ERRORS as exc:
             cause = root_cause(str(exc)) or type(exc).__name__
             raise CatalogError(
                 f"cannot reach Iceberg catalog {name!r} ({cause}): check its uri and credentials "
@@ -131,42 +116,21 @@ class IcebergTables:
         """``catalog.namespace.table`` quoted for Spark SQL."""
         return ".".join(quote(part) for part in (self.config.catalog, *identifier))
 
+    def _procedure_table(self, identifier: tuple[str, str]) -> str:
+        """The table as a stored procedure's ``table`` argument: ``'namespace.table'``, parts quoted."""
+        return literal(".".join(quote(part) for part in identifier))
+
     def ensure_namespace(self, namespace: str) -> None:
         self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.config.catalog)}.{quote(namespace)}")
 
     # ----------------------------------------------------------------------------------- state
 
-    def java_table(self, identifier: tuple[str, str]) -> Any:
-        """Iceberg's ``Table`` for ``identifier``, refreshed; None when it does not exist."""
-        try:
-            table = self._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
-                self.spark._jsparkSession, self.name(identifier)
-            )
-        except (PySparkException, Py4JJavaError) as exc:
-            if any(name in str(exc) for name in _MISSING):
-                return None
-            raise
-        table.refresh()
-        return table
+    def table(self, identifier: tuple[str, str]) -> LakeTable | None:
+        """The table as it is now; None when it does not exist."""
+        return read_table(self.spark, self.name(identifier))
 
-    def history(self, table: Any) -> Iterator[tuple[int, dict[str, str]]]:
-        """The main branch's snapshots, newest first, as (snapshot id, summary).
-
-        Lazy: the state, the cut and the changelog check stop at the first pipeline commit, however
-        long the history is. Each snapshot crosses from the JVM as one JSON text (Iceberg's own
-        ``SnapshotParser``): reading its summary entry by entry would cost a round trip each.
-        """
-        parser = self._jvm.org.apache.iceberg.SnapshotParser
-        snapshot = table.currentSnapshot()
-        while snapshot is not None:
-            fields = json.loads(parser.toJson(snapshot))
-            summary = {str(k): str(v) for k, v in (fields.get("summary") or {}).items() if k != "operation"}
-            yield int(fields["snapshot-id"]), summary
-            parent = fields.get("parent-snapshot-id")
-            snapshot = table.snapshot(parent) if parent is not None else None
-
-    def state(self, table: Any | None) -> TableState | None:
-        return None if table is None else lake.state_of(self.history(table))
+    def state(self, table: LakeTable | None) -> TableState | None:
+        return None if table is None else table.state
 
     def schema(self, identifier: tuple[str, str]) -> StructType:
         return self.spark.table(self.name(identifier)).schema
@@ -189,83 +153,33 @@ class IcebergTables:
         return properties
 
     def evolve(self, identifier: tuple[str, str], incoming: Sequence[StructField]) -> None:
-        """Add the batch's new columns and widen promoted ones before its data is merged.
-
-        A type the lake column cannot be promoted to stops the table with a message naming the
-        column and the fix: guessing a cast could lose data silently.
-        """
-        table = self.java_table(identifier)
-        current = {f.name: f.dataType for f in self.schema(identifier).fields}
-        update = table.updateSchema()
-        changed = False
-        for field in incoming:
-            if field.name not in current:
-                update = update.addColumn(None, field.name, self._iceberg_type(field.dataType))
-                changed = True
-                continue
-            try:
-                target = widened(current[field.name], field.dataType)
-            except ValueError as exc:
-                raise SchemaConflictError(
-                    f"table {self.name(identifier)}: column {field.name!r} changed type ({exc}), which "
-                    f"Iceberg cannot promote; re-snapshot the table ({BACKFILL}: the load "
-                    "replaces the column with the new type), or revert the type change. Nothing of this "
-                    "batch was applied."
-                ) from None
-            if target is not None:
-                update = update.updateColumn(field.name, self._iceberg_type(target))
-                changed = True
-        if changed:
-            update.commit()
-            log.info("%s: schema evolved for %s", self.name(identifier), [f.name for f in incoming])
+        """Add the batch's new columns and widen promoted ones (``TableChanges.evolve``)."""
+        self._changes(identifier).evolve(incoming)
 
     def replace_column_types(
         self, identifier: tuple[str, str], incoming: Sequence[StructField], suffix: str
     ) -> list[str]:
-        """For a snapshot load: columns whose type cannot be promoted are dropped (re-added by
-        :meth:`evolve` with the new type); returns their names.
-
-        The load overwrites every row right after, so the column's old values are not needed;
-        readers see the column empty between the two commits. A column a partition spec of the
-        table ever used is renamed ``<name><suffix>`` instead, and stays empty: Iceberg keeps every
-        spec, and writes fail once one's source column is gone. Partition fields on such a column
-        are removed with it; :meth:`conform_spec` sets the spec the option names again.
-        """
-        current = {f.name: f.dataType for f in self.schema(identifier).fields}
-        stale = []
-        for field in incoming:
-            if field.name in current:
-                try:
-                    widened(current[field.name], field.dataType)
-                except ValueError:
-                    stale.append(field.name)
-        if stale:
-            drop_columns(self.java_table(identifier), stale, suffix)
-            log.warning(
-                "%s: columns %s changed type; reloaded with the new type", self.name(identifier), stale
-            )
-        return stale
+        """For a load: drop (or rename) columns whose type cannot be promoted; returns their names."""
+        return self._changes(identifier).replace_column_types(incoming, suffix)
 
     def retire_changelog_columns(self, changelog: tuple[str, str], names: Sequence[str], suffix: str) -> None:
-        """Rename changelog columns (and their ``_pgl_old`` fields) whose type the source changed.
+        """Rename changelog columns whose type the source changed (``TableChanges.retire_columns``)."""
+        if names and self.table(changelog) is not None:
+            self._changes(changelog).retire_columns(names, suffix)
 
-        The changelog keeps its history under ``<name><suffix>``, and later batches append the
-        column again with its new type (Iceberg cannot change the type in place).
-        """
-        table = self.java_table(changelog)
-        if table is None or not names:
-            return
-        schema = table.schema()
-        update = table.updateSchema()
-        for name in names:
-            for path in (name, f"{OLD}.{name}"):
-                if schema.findField(path) is not None:
-                    update = update.renameColumn(path, name + suffix)
-        update.commit()
+    def conform_spec(self, identifier: tuple[str, str], partition: Sequence[PartitionField] | None) -> None:
+        """Move an existing table to the spec ``partition`` names (None: it keeps its spec)."""
+        if partition is not None:
+            self._changes(identifier).conform_spec(partition)
 
-    def _iceberg_type(self, dtype: DataType) -> Any:
-        jtype = self.spark._jsparkSession.parseDataType(dtype.json())
-        return self._jvm.org.apache.iceberg.spark.SparkSchemaUtil.convert(jtype)
+    def conform_recorded(
+        self, identifier: tuple[str, str], mode: DeleteMode, transforms: str, history: HistoryMode
+    ) -> None:
+        """Switch a table a load rewrites to delete ``mode`` and record its transforms and history mode."""
+        self._changes(identifier).conform_recorded(mode, transforms, history)
+
+    def _changes(self, identifier: tuple[str, str]) -> TableChanges:
+        return TableChanges(self.spark, self.name(identifier), lambda: self.table(identifier))
 
     # --------------------------------------------------------------------------------- commits
 
@@ -292,12 +206,14 @@ class IcebergTables:
         properties.update({HISTORY_PROPERTY: history} if history != "none" else {})
         if partition is not None:
             properties[PARTITION_PROPERTY] = spec_text(partition)
+            properties[SOURCES_PROPERTY] = sources_text(None, partition)
         if partition:  # Spark's DataFrame writer has no truncate transform: SQL has them all
             settings = ", ".join(f"{literal(key)} = {literal(value)}" for key, value in properties.items())
-            self.sql_commit(
+            self.summaries(
+                self.spark,
+                summary,
                 f"CREATE TABLE {self.name(identifier)} USING iceberg {partition_clause(partition)} "
                 f"TBLPROPERTIES ({settings}) AS SELECT * FROM {temp_view(rows)}",
-                summary,
             )
             return
         writer = rows.writeTo(self.name(identifier)).using("iceberg").options(**self._commit_options(summary))
@@ -323,7 +239,7 @@ class IcebergTables:
         """Append rows (the changelog), creating the table or adding new columns as needed."""
         # New columns land after the ``_pgl_*`` ones in the table: match by name, not position.
         options = {**self._commit_options(summary), "mergeSchema": "true", "check-ordering": "false"}
-        if self.java_table(identifier) is None:
+        if self.table(identifier) is None:
             self.ensure_namespace(identifier[0])
             rows.writeTo(self.name(identifier)).using("iceberg").tableProperty(
                 "format-version", "2"
@@ -331,86 +247,82 @@ class IcebergTables:
         else:
             rows.writeTo(self.name(identifier)).options(**options).append()
 
+    def drop(self, identifier: tuple[str, str]) -> None:
+        """Drop the table (a history table rebuilt by a load)."""
+        self.spark.sql(f"DROP TABLE IF EXISTS {self.name(identifier)}")
+
     def branch_name(self, identifier: tuple[str, str]) -> str:
         """The table's merge branch as Spark SQL names it (``<table>.branch_<name>``)."""
         return f"{self.name(identifier)}.{quote('branch_' + MERGE_BRANCH)}"
 
-    def open_branch(self, table: Any, snapshot_id: int) -> None:
+    def open_branch(self, identifier: tuple[str, str], snapshot_id: int) -> None:
         """Point the merge branch at ``snapshot_id``: the snapshot the batch's state was read from.
 
         A MERGE validates only against commits made after it planned; merging into this branch and
         fast-forwarding main to it (:meth:`publish_branch`) also refuses commits made since the
         state was read (a re-snapshot load in between would otherwise get the batch's old base LSN).
+        A branch left by a crashed run is replaced.
         """
-        manage = table.manageSnapshots()
-        if table.refs().containsKey(MERGE_BRANCH):  # left by a crashed run
-            manage.replaceBranch(MERGE_BRANCH, snapshot_id).commit()
-        else:
-            manage.createBranch(MERGE_BRANCH, snapshot_id).commit()
+        branch, name = quote(MERGE_BRANCH), self.name(identifier)
+        self.spark.sql(f"ALTER TABLE {name} CREATE OR REPLACE BRANCH {branch} AS OF VERSION {snapshot_id}")
 
     def publish_branch(self, identifier: tuple[str, str]) -> None:
-        """Fast-forward main to the merge branch and remove it, in one commit.
+        """Fast-forward main to the merge branch, then remove the branch.
 
-        Fails with Iceberg's ``ValidationException`` when main moved since the branch was opened.
+        Fails (a conflict: :func:`is_conflict`) when main moved since the branch was opened.
         """
-        table = self.java_table(identifier)
-        table.manageSnapshots().fastForwardBranch("main", MERGE_BRANCH).removeBranch(MERGE_BRANCH).commit()
-
-    def conform_spec(self, identifier: tuple[str, str], partition: Sequence[PartitionField] | None) -> None:
-        """Move an existing table to the spec ``partition`` names, after its schema took the batch's
-        columns (``spark/partitioning.py``); None: the table keeps its spec."""
-        if partition is not None:
-            conform_spec(self._jvm, self.java_table(identifier), partition)
-
-    def conform_recorded(
-        self, identifier: tuple[str, str], mode: DeleteMode, transforms: str, history: HistoryMode
-    ) -> None:
-        """Switch a table a load rewrites to delete ``mode`` (``spark/soft_deletes.py``) and record the
-        column ``transforms`` its rows are staged under (``formats/column_transforms.py``) and its
-        ``history`` mode (``formats/history.py``)."""
-        conform_mode(self._jvm, self.java_table(identifier), mode)
-        table = self.java_table(identifier)
-        wanted = {TRANSFORMS_PROPERTY: transforms, HISTORY_PROPERTY: "" if history == "none" else history}
-        changed = {k: v for k, v in wanted.items() if (table.properties().get(k) or "") != v}
-        if changed:
-            update = table.updateProperties()
-            for key, value in changed.items():
-                update = update.set(key, value) if value else update.remove(key)
-            update.commit()
+        catalog, table = quote(self.config.catalog), self._procedure_table(identifier)
+        self.spark.sql(
+            f"CALL {catalog}.system.fast_forward(table => {table}, branch => 'main', "
+            f"to => {literal(MERGE_BRANCH)})"
+        ).collect()
+        self.spark.sql(f"ALTER TABLE {self.name(identifier)} DROP BRANCH IF EXISTS {quote(MERGE_BRANCH)}")
 
     def merge(self, sql: str, summary: Mapping[str, str]) -> None:
-        """Run a batch's ``MERGE INTO``, its commit carrying ``summary`` (:meth:`sql_commit`)."""
-        self.sql_commit(sql, summary)
+        """Run a ``MERGE INTO`` whose commit carries ``summary`` in its snapshot (none: no keys)."""
+        if summary:
+            self.summaries(self.spark, summary, sql)
+        else:
+            self.spark.sql(sql)
 
-    def sql_commit(self, sql: str, summary: Mapping[str, str]) -> None:
-        """Run a statement (``MERGE INTO``, ``CREATE TABLE AS SELECT``) whose commit carries
-        ``summary`` in its snapshot (CommitMetadata)."""
-        props = self._jvm.java.util.HashMap()
-        for key, value in summary.items():
-            props.put(key, value)
-        from pyspark.java_gateway import ensure_callback_server_started
+    def record_on(self, target: str, summary: Mapping[str, str]) -> None:
+        """An empty commit on ``target`` (a table or its merge branch) carrying ``summary``: a batch
+        with nothing to write still moves the state."""
+        self.spark.table(target).limit(0).writeTo(target).options(**self._commit_options(summary)).append()
 
-        ensure_callback_server_started(self.spark.sparkContext._gateway)  # type: ignore[no-untyped-call]
-        call = _Call(lambda: self.spark.sql(sql))
-        error_class = self._jvm.java.lang.Class.forName("java.lang.RuntimeException")
-        self._jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(props, call, error_class)
-        if call.error is not None:
-            raise call.error
+    def record(
+        self, identifier: tuple[str, str], summary: Mapping[str, str], read_snapshot: int | None
+    ) -> None:
+        """:meth:`record_on` the table, failing like a MERGE (through the merge branch) when anyone
+        committed since ``read_snapshot``, the snapshot the batch read its state from (a racing
+        load would otherwise get this older view's base)."""
+        if read_snapshot is None:
+            self.record_on(self.name(identifier), summary)
+            return
+        self.open_branch(identifier, read_snapshot)
+        self.record_on(self.branch_name(identifier), summary)
+        self.publish_branch(identifier)
 
-    def record(self, table: Any, summary: Mapping[str, str], read_snapshot: int | None) -> None:
-        """An empty commit carrying ``summary``: a batch with nothing to write still moves the state.
+    def holds(self, identifier: tuple[str, str], end: Lsn, on_branch: bool) -> bool:
+        """Whether main (or, ``on_branch``, the merge branch) has a pipeline commit applied to ``end``
+        (a MERGE that changed no file makes no snapshot)."""
+        table = self.table(identifier)
+        if table is None:
+            return False
+        head = table.refs.get(MERGE_BRANCH) if on_branch else table.snapshot_id
+        state = lake.state_of(table.history(head)) if head is not None else None
+        return state is not None and state.applied_end_lsn >= end
 
-        It fails like a data commit if anyone committed data since ``read_snapshot``, the snapshot
-        the batch read its state from (a racing load would otherwise get this older view's base).
-        """
-        expressions = self._jvm.org.apache.iceberg.expressions.Expressions
-        commit = table.newOverwrite().conflictDetectionFilter(expressions.alwaysTrue())
-        if read_snapshot is not None:
-            commit = commit.validateFromSnapshot(read_snapshot)
-        commit = commit.validateNoConflictingData().validateNoConflictingDeletes()
-        for key, value in summary.items():
-            commit = commit.set(key, value)
-        commit.commit()
+    def procedure(self, procedure: str, identifier: tuple[str, str], **args: str) -> list[Row]:
+        """``CALL <catalog>.system.<procedure>(table => ..., <args>)`` (maintenance's commits);
+        returns its result rows."""
+        named = "".join(f", {name} => {value}" for name, value in args.items())
+        table = self._procedure_table(identifier)
+        catalog = quote(self.config.catalog)
+        return self.spark.sql(f"CALL {catalog}.system.{procedure}(table => {table}{named})").collect()
+
+    def drop_tag(self, identifier: tuple[str, str], tag: str) -> None:
+        self.spark.sql(f"ALTER TABLE {self.name(identifier)} DROP TAG IF EXISTS {quote(tag)}")
 
     # ----------------------------------------------------------------------------------- index
 
@@ -418,7 +330,7 @@ class IcebergTables:
         """The tables ``slot``'s index names (``formats/lake_index.py``), read fresh: another job
         may have registered tables since this one started."""
         index = lake_index.index_identifier(self.config, slot)
-        if self.java_table(index) is None:
+        if self.table(index) is None:
             return []
         rows = self.spark.table(self.name(index)).select(*lake_index.COLUMNS).collect()
         return lake_index.indexed_tables((row[0], row[1]) for row in rows)
@@ -437,7 +349,7 @@ class IcebergTables:
         if not new:
             return 0
         index = lake_index.index_identifier(self.config, slot)
-        if self.java_table(index) is None:
+        if self.table(index) is None:
             self.ensure_namespace(index[0])
             columns = ", ".join(f"{quote(name)} STRING" for name in lake_index.COLUMNS)
             self.spark.sql(
@@ -456,8 +368,8 @@ class IcebergTables:
         listed, so other tables in it cost nothing."""
         owned = []
         for identifier in self.indexed(slot):
-            table = self.java_table(identifier)
-            if table is not None and table.properties().get(lake.OWNER_PROPERTY) == slot:
+            table = self.table(identifier)
+            if table is not None and table.properties.get(lake.OWNER_PROPERTY) == slot:
                 owned.append(identifier)
         return owned
 
@@ -466,22 +378,18 @@ class IcebergTables:
 
         Idempotent: an existing tag is kept. A table with no pipeline commit by then is left out.
         """
-        name = lake.tag_name(end_lsn)
+        tag = lake.tag_name(end_lsn)
         created = 0
         for identifier in self.owned_tables(slot):
-            table = self.java_table(identifier)
-            if table.refs().containsKey(name):
+            table = self.table(identifier)
+            if table is None or tag in table.refs:
                 continue
-            snapshot_id = lake.snapshot_at(self.history(table), end_lsn)
+            snapshot_id = lake.snapshot_at(table.history(), end_lsn)
             if snapshot_id is None:
                 continue
-            table.manageSnapshots().createTag(name, snapshot_id).commit()
+            self.spark.sql(
+                f"ALTER TABLE {self.name(identifier)} CREATE TAG IF NOT EXISTS {quote(tag)} "
+                f"AS OF VERSION {snapshot_id}"
+            )
             created += 1
         return created
-
-
-def temp_view(df: DataFrame) -> str:
-    """Register ``df`` under a fresh temporary view name."""
-    name = f"pgl_src_{uuid.uuid4().hex}"
-    df.createOrReplaceTempView(name)
-    return name

@@ -41,16 +41,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
 from pyspark.sql import Row, SparkSession
 
 from airflow_provider_postgres_cdc.errors import MaintenanceError
 from airflow_provider_postgres_cdc.formats import lake
 from airflow_provider_postgres_cdc.formats.lake import LakeConfig
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
-from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, is_conflict, literal, quote
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, is_conflict
 from airflow_provider_postgres_cdc.spark.job import job_parser, run_job
+from airflow_provider_postgres_cdc.spark.runtime import SPARK_ERRORS
+from airflow_provider_postgres_cdc.spark.sql_text import literal
 
 log = logging.getLogger("postgres_cdc.maintain")
 
@@ -103,18 +103,14 @@ class LakeMaintenance:
         self.slot = slot
 
     def _call(self, procedure: str, identifier: tuple[str, str], **args: str) -> list[Row]:
-        """``CALL <catalog>.system.<procedure>(table => ..., <args>)``; returns its result rows."""
-        table_arg = literal(".".join(quote(part) for part in identifier))
-        named = "".join(f", {name} => {value}" for name, value in args.items())
-        sql = f"CALL {quote(self.tables.config.catalog)}.system.{procedure}(table => {table_arg}{named})"
-        return self.spark.sql(sql).collect()
+        return self.tables.procedure(procedure, identifier, **args)
 
     def targets(self) -> list[tuple[str, str]]:
         """The slot's data tables and, after each, its changelog and history tables when it has them."""
         found = []
         for identifier in self.tables.owned_tables(self.slot):
             found.append(identifier)
-            found += [c for c in lake.companions_of(identifier) if self.tables.java_table(c) is not None]
+            found += [c for c in lake.companions_of(identifier) if self.tables.table(c) is not None]
         return found
 
     # ---------------------------------------------------------------------------- compaction
@@ -124,7 +120,8 @@ class LakeMaintenance:
         (row,) = self._call("rewrite_data_files", identifier, options=_options(REWRITE_OPTIONS))
         result.data_files_rewritten += int(row["rewritten_data_files_count"])
         result.data_files_added += int(row["added_data_files_count"])
-        properties = self.tables.java_table(identifier).properties()
+        table = self.tables.table(identifier)
+        properties = table.properties if table is not None else {}
         if any(properties.get(f"write.{op}.mode") == _MERGE_ON_READ for op in ("merge", "update", "delete")):
             (row,) = self._call(
                 "rewrite_position_delete_files", identifier, options=_options(DELETE_REWRITE_OPTIONS)
@@ -142,7 +139,8 @@ class LakeMaintenance:
         tags: dict[tuple[str, str], list[str]] = {}
         cuts: set[Lsn] = set()
         for identifier in identifiers:
-            names = [str(n) for n in self.tables.java_table(identifier).refs().keySet()]
+            table = self.tables.table(identifier)
+            names = list(table.refs) if table is not None else []
             tags[identifier] = [n for n in names if lake.tag_lsn(n) is not None]
             cuts.update(lsn for n in tags[identifier] if (lsn := lake.tag_lsn(n)) is not None)
         kept = set(sorted(cuts, reverse=True)[:keep])
@@ -150,7 +148,7 @@ class LakeMaintenance:
         for identifier, names in tags.items():
             stale = sorted(n for n in names if lake.tag_lsn(n) not in kept)
             for name in stale:
-                self.spark.sql(f"ALTER TABLE {self.tables.name(identifier)} DROP TAG IF EXISTS {quote(name)}")
+                self.tables.drop_tag(identifier, name)
             dropped[self.tables.name(identifier)] = stale
         return dropped
 
@@ -163,14 +161,17 @@ class LakeMaintenance:
         pipeline commit (the rewrite commits just made sit on top of it). A commit racing this
         one only lengthens the history above a pipeline commit, so the count stays safe.
         """
-        table = self.tables.java_table(identifier)
-        history = self.tables.history(table)
+        table = self.tables.table(identifier)
+        if table is None:
+            return
+        history = table.history()
         walk = next((i + 1 for i, (_, s) in enumerate(history) if lake.is_pipeline_commit(s)), 1)
-        before = sum(1 for _ in table.snapshots())
+        before = len(table.snapshots)
         (row,) = self._call(
             "expire_snapshots", identifier, older_than=_timestamp(older_than), retain_last=str(walk)
         )
-        after = sum(1 for _ in self.tables.java_table(identifier).snapshots())
+        expired = self.tables.table(identifier)
+        after = len(expired.snapshots) if expired is not None else 0
         result.snapshots_expired += before - after
         result.snapshots_retained_for_state = walk
         result.files_deleted_by_expiry += sum(
@@ -190,7 +191,7 @@ class LakeMaintenance:
         """Run one step; losing a commit race to the pipeline skips it (the next run redoes it)."""
         try:
             run()
-        except (PySparkException, Py4JJavaError) as exc:
+        except SPARK_ERRORS as exc:
             if not is_conflict(exc):
                 raise
             log.warning("%s: %s lost a commit race to another writer; skipped until the next run",

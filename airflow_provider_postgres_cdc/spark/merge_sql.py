@@ -1,6 +1,6 @@
 """The ``MERGE INTO`` that applies a batch's net effect to an Iceberg table, and its key-range pruning.
 
-The statement is built as text for Spark SQL: names are quoted with :func:`~.iceberg.quote`, and
+The statement is built as text for Spark SQL: names are quoted with :func:`~.sql_text.quote`, and
 the key bounds are literals written exactly (strings as bytes, so no quote needs escaping).
 """
 
@@ -26,7 +26,7 @@ from pyspark.sql.types import (
 
 from airflow_provider_postgres_cdc.formats.deletes import DELETED_AT, DELETED_LSN
 from airflow_provider_postgres_cdc.spark.changes import COMMIT_LSN, COMMIT_TIME, EVENT_KIND, ROW_KEY, UPSERT
-from airflow_provider_postgres_cdc.spark.iceberg import quote
+from airflow_provider_postgres_cdc.spark.sql_text import quote
 
 _EXACT = (ByteType, ShortType, IntegerType, LongType, DecimalType, StringType, DateType)
 

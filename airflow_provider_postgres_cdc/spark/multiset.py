@@ -36,7 +36,7 @@ from airflow_provider_postgres_cdc.spark.changes import (
     materialize,
     order_after,
 )
-from airflow_provider_postgres_cdc.spark.iceberg import quote, temp_view
+from airflow_provider_postgres_cdc.spark.sql_text import quote, temp_view
 
 DELTA = "_pgl_x_delta"  # inserts - deletes of one distinct row value
 COUNT = "_pgl_x_count"  # rows of that value the table holds before the batch

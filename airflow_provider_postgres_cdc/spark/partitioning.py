@@ -2,26 +2,20 @@
 
 The option and its rules are ``formats/partitioning.py``'s. A table is created partitioned with
 one ``CREATE TABLE ... PARTITIONED BY ... AS SELECT`` (atomic, like an unpartitioned create); an
-existing table whose recorded spec differs from the one asked for is moved to it in one Iceberg
-transaction that also records it. Iceberg keeps each data file under the spec it was written
-with, so nothing is rewritten: later commits use the new spec, and maintenance's compaction
-rewrites older files into it.
+existing table whose recorded spec differs from the one asked for is moved to it, and the spec
+recorded last (``spark/iceberg.py`` commits): a run that dies half-way leaves the old spec
+recorded, and the next run finishes the move.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Collection, Sequence
-from typing import Any
+import json
+from collections.abc import Mapping, Sequence
 
-from airflow_provider_postgres_cdc.formats.partitioning import (
-    PARTITION_PROPERTY,
-    TEMPORAL,
-    PartitionField,
-    spec_text,
-)
+from airflow_provider_postgres_cdc.formats.partitioning import PARTITION_PROPERTY, PartitionField, parse_field
 
-log = logging.getLogger("postgres_cdc.apply")
+SOURCES_PROPERTY = "pgl.partition-sources"
+"""The lake table property listing every column a partition spec of the table used (JSON)."""
 
 
 def partition_clause(fields: Sequence[PartitionField]) -> str:
@@ -29,99 +23,27 @@ def partition_clause(fields: Sequence[PartitionField]) -> str:
     return f"PARTITIONED BY ({', '.join(field.spark_sql() for field in fields)})"
 
 
-def current_fields(table: Any) -> list[tuple[str, PartitionField]]:
-    """The table's partition spec as (Iceberg's field name, field); void fields left out."""
-    schema = table.schema()
-    fields = []
-    for field in table.spec().fields():
-        transform = str(field.transform().toString())
-        column = str(schema.findColumnName(field.sourceId()))
-        name, _, width = transform.partition("[")
-        if name == "void":
-            continue
-        size = int(width.rstrip("]")) if width else None
-        fields.append((str(field.name()), PartitionField(TEMPORAL.get(name, name), column, size)))
-    return fields
+def spec_changes(
+    current: Sequence[PartitionField], wanted: Sequence[PartitionField]
+) -> tuple[list[PartitionField], list[PartitionField]]:
+    """The fields to drop from the table's ``current`` spec and those to add, to reach ``wanted``.
 
-
-def conform_spec(jvm: Any, table: Any, fields: Sequence[PartitionField]) -> bool:
-    """Move an existing table to ``fields`` unless its recorded spec is that one; True when moved.
-
-    The change is one transaction (spec and property): a run that dies before it leaves the old
-    spec recorded, and the next run makes the change again.
+    Iceberg keeps each data file under the spec it was written with, so a new spec rewrites nothing:
+    later commits use it, and maintenance's compaction rewrites older files into it.
     """
-    wanted = spec_text(fields)
-    if table.properties().get(PARTITION_PROPERTY) == wanted:
-        return False
-    transaction = table.newTransaction()
-    update = transaction.updateSpec()
-    current = current_fields(table)
-    for name, field in current:
-        if field not in fields:
-            update = update.removeField(name)
-    present = {field for _, field in current}
-    for field in fields:
-        if field not in present:
-            update = update.addField(_term(jvm, field))
-    update.commit()
-    transaction.updateProperties().set(PARTITION_PROPERTY, wanted).commit()
-    transaction.commitTransaction()
-    log.info("%s: partition spec is now %s", table.name(), wanted)
-    return True
+    return [f for f in current if f not in wanted], [f for f in wanted if f not in current]
 
 
-def partition_sources(table: Any) -> set[str]:
-    """The columns any partition spec of the table uses, current or older (Iceberg keeps them all)."""
-    schema = table.schema()
-    names = set()
-    for spec in table.specs().values():
-        for field in spec.fields():
-            name = schema.findColumnName(field.sourceId())
-            if name is not None:
-                names.add(str(name))
-    return names
+def sources_text(previous: str | None, fields: Sequence[PartitionField]) -> str:
+    """The recorded columns any spec of the table used (:data:`SOURCES_PROPERTY`), with ``fields``'."""
+    return json.dumps(sorted(set(json.loads(previous or "[]")) | {f.column for f in fields}))
 
 
-def drop_columns(table: Any, columns: Sequence[str], suffix: str) -> None:
-    """Drop ``columns`` in one transaction, with the partition fields on them (see
-    :func:`drop_partition_fields`). A column a partition spec of the table ever used is renamed
-    ``<name><suffix>`` instead: Iceberg keeps every spec, and its writes fail once the source
-    column of one is gone."""
-    used = partition_sources(table)
-    transaction = table.newTransaction()
-    drop_partition_fields(transaction, table, columns)
-    update = transaction.updateSchema()
-    for name in columns:
-        update = update.renameColumn(name, name + suffix) if name in used else update.deleteColumn(name)
-    update.commit()
-    transaction.commitTransaction()
-
-
-def drop_partition_fields(transaction: Any, table: Any, columns: Collection[str]) -> None:
-    """In ``transaction``, remove the partition fields whose source is one of ``columns`` (which
-    are about to be dropped) and the recorded spec, so that :func:`conform_spec` sets the spec the
-    option names again once the columns are back."""
-    doomed = [(name, field) for name, field in current_fields(table) if field.column in columns]
-    if not doomed:
-        return
-    update = transaction.updateSpec()
-    for name, _ in doomed:
-        update = update.removeField(name)
-    update.commit()
-    transaction.updateProperties().remove(PARTITION_PROPERTY).commit()
-    log.warning(
-        "%s: partition fields %s dropped with their columns; a table partition_by names gets them back",
-        table.name(), [str(field) for _, field in doomed],
-    )  # fmt: skip
-
-
-def _term(jvm: Any, field: PartitionField) -> Any:
-    """Iceberg's ``Term`` for ``field`` (``org.apache.iceberg.expressions.Expressions``)."""
-    expressions = jvm.org.apache.iceberg.expressions.Expressions
-    if field.transform == "identity":
-        return expressions.ref(field.column)
-    if field.transform == "bucket":
-        return expressions.bucket(field.column, field.width)
-    if field.transform == "truncate":
-        return expressions.truncate(field.column, field.width)
-    return getattr(expressions, field.transform[:-1])(field.column)  # years -> year, ...
+def partition_sources(properties: Mapping[str, str], current: Sequence[PartitionField]) -> set[str]:
+    """The columns a partition spec of the table used, current or older (Iceberg keeps them all):
+    those the table records, the current spec's and the recorded option's."""
+    used = set(json.loads(properties.get(SOURCES_PROPERTY) or "[]")) | {f.column for f in current}
+    recorded = properties.get(PARTITION_PROPERTY)
+    if recorded:
+        used |= {parse_field(text).column for text in json.loads(recorded)}
+    return used

@@ -40,7 +40,7 @@ def replay_changelog(
     """``rows`` (a snapshot at ``window[0]``) with the changelog's changes in ``window`` applied, and
     how many there were; ``soft``: a soft-deletes table's rows (``spark/soft_deletes.py``)."""
     changelog = tables.config.changelog_identifier(spec.schema, spec.table)
-    if tables.java_table(changelog) is None:
+    if tables.table(changelog) is None:
         return rows, 0
     point, until = window
     logged = tables.spark.table(tables.name(changelog))

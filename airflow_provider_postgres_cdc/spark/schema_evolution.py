@@ -31,7 +31,8 @@ from airflow_provider_postgres_cdc.formats.schema_changes import (
     plan,
 )
 from airflow_provider_postgres_cdc.spark.changes import OLD, column
-from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables, quote, temp_view
+from airflow_provider_postgres_cdc.spark.iceberg import IcebergTables
+from airflow_provider_postgres_cdc.spark.sql_text import quote, temp_view
 from airflow_provider_postgres_cdc.spark.staged import files_reaching, parquet_reader
 
 log = logging.getLogger("postgres_cdc.apply")
@@ -97,8 +98,9 @@ class SchemaSteps:
         # A re-added column's earlier overflow text (docs/TYPES.md) is gone with the old column.
         stale = [sibling_name(f.column) for f in fills if sibling_name(f.column) in schema.fieldNames()]
         sets += "".join(f", t.{quote(name)} = NULL" for name in stale)
-        tables.spark.sql(
-            f"MERGE INTO {target} t USING {temp_view(source)} s ON TRUE WHEN MATCHED THEN UPDATE SET {sets}"
+        tables.merge(
+            f"MERGE INTO {target} t USING {temp_view(source)} s ON TRUE WHEN MATCHED THEN UPDATE SET {sets}",
+            {},
         )
         log.info(
             "%s: existing rows given the values of added column(s) %s", target, [f.column for f in fills]

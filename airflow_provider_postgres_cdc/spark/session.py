@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.formats.lake import SPARK_EXTENSIONS, LakeConfig
 from airflow_provider_postgres_cdc.spark import local_jars
+from airflow_provider_postgres_cdc.spark.runtime import is_connect
 from airflow_provider_postgres_cdc.spark.sqlite_catalog import create_catalog_tables
 
 
@@ -38,8 +39,13 @@ def local_session(app_name: str, *, cores: int = 2) -> SparkSession:
 
 
 def register_lake(spark: SparkSession, config: LakeConfig) -> None:
-    """Make ``config``'s catalog known to a running session (before anything uses that name)."""
+    """Make ``config``'s catalog known to a running session (before anything uses that name).
+
+    A Spark Connect session has no JVM here to make a SQLite catalog's tables: open the catalog
+    with pyiceberg first (``engine/lake_catalog.open_catalog``), which makes them.
+    """
     for key, value in config.spark_conf().items():
         if key != "spark.sql.extensions":
             spark.conf.set(key, value)
-    create_catalog_tables(spark, config.catalog)
+    if not is_connect(spark):
+        create_catalog_tables(spark, config.catalog)

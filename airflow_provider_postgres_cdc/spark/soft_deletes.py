@@ -10,9 +10,8 @@ hard-deletes table already lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
@@ -21,9 +20,7 @@ from pyspark.sql.types import LongType, NumericType, TimestampType
 from airflow_provider_postgres_cdc.formats.deletes import (
     DELETED_AT,
     DELETED_LSN,
-    DELETES_PROPERTY,
     DeleteMode,
-    recorded_mode,
 )
 from airflow_provider_postgres_cdc.spark.changes import (
     COMMIT_LSN,
@@ -39,6 +36,7 @@ from airflow_provider_postgres_cdc.spark.changes import (
 )
 
 MARKS = (DELETED_AT, DELETED_LSN)
+_MARK_TYPES = ((DELETED_AT, "timestamp"), (DELETED_LSN, "bigint"))  # Iceberg: timestamptz, long
 
 
 def unmarked(rows: DataFrame) -> DataFrame:
@@ -99,23 +97,9 @@ def replayed(
     return kept.unionByName(upserts, allowMissingColumns=True)
 
 
-def conform_mode(jvm: Any, table: Any, mode: DeleteMode) -> None:
-    """Switch an existing table to ``mode`` (a load does: it writes every row right after) in one
-    transaction: the marks' columns added or dropped, the mode recorded."""
-    if recorded_mode(table.properties()) == mode:
-        return
-    types = jvm.org.apache.iceberg.types.Types
-    present = {str(field.name()) for field in table.schema().columns()}
-    transaction = table.newTransaction()
-    update = transaction.updateSchema()
-    for name, iceberg_type in (
-        (DELETED_AT, types.TimestampType.withZone()),
-        (DELETED_LSN, types.LongType.get()),
-    ):
-        if mode == "soft" and name not in present:
-            update = update.addColumn(name, iceberg_type)
-        elif mode == "hard" and name in present:
-            update = update.deleteColumn(name)
-    update.commit()
-    transaction.updateProperties().set(DELETES_PROPERTY, mode).commit()
-    transaction.commitTransaction()
+def mode_columns(present: Collection[str], mode: DeleteMode) -> tuple[list[tuple[str, str]], list[str]]:
+    """The marks' columns a table of columns ``present`` gains (name, DDL type) and loses to be in
+    delete ``mode``: a load switching a table's mode writes every row right after."""
+    if mode == "soft":
+        return [(name, ddl) for name, ddl in _MARK_TYPES if name not in present], []
+    return [], [name for name in MARKS if name in present]

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import urlparse
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import (
@@ -32,6 +29,7 @@ from pyspark.sql.types import (
 from airflow_provider_postgres_cdc.errors import ApplyError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
 from airflow_provider_postgres_cdc.spark.changes import COMMIT_LSN, OLD, column
+from airflow_provider_postgres_cdc.spark.runtime import SPARK_ERRORS
 from airflow_provider_postgres_cdc.spark.widening import widened
 
 
@@ -45,16 +43,13 @@ def read_text(spark: SparkSession, path: str) -> str | None:
                 return handle.read()
         except FileNotFoundError:
             return None
-    jvm: Any = spark._jvm
-    jpath = jvm.org.apache.hadoop.fs.Path(path)
-    fs = jpath.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[union-attr]
-    if not fs.exists(jpath):
-        return None
-    stream = fs.open(jpath)
-    try:
-        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-    finally:
-        stream.close()
+    try:  # read where the job's Spark reads (a Connect server, too), with its file system settings
+        rows = spark.read.text(path, wholetext=True).collect()
+    except SPARK_ERRORS as exc:
+        if "PATH_NOT_FOUND" in str(exc) or "FileNotFoundException" in str(exc):
+            return None
+        raise
+    return str(rows[0][0]) if rows else ""
 
 
 def load_manifest(spark: SparkSession, path: str) -> Manifest:
@@ -93,7 +88,7 @@ def read_staged(spark: SparkSession, table: str, paths: Sequence[str]) -> DataFr
     """
     try:
         return parquet_reader(spark).option("mergeSchema", "true").parquet(*paths)
-    except (PySparkException, Py4JJavaError):  # CANNOT_MERGE_SCHEMAS arrives unconverted
+    except SPARK_ERRORS:  # CANNOT_MERGE_SCHEMAS arrives unconverted
         pass
     frames = [parquet_reader(spark).parquet(path) for path in paths]
     widest: dict[str, tuple[DataType, str]] = {}

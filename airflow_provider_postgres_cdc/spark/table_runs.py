@@ -1,10 +1,11 @@
 """How the apply job runs one step per table: several tables at once, each redone on a lost race.
 
 Each table's step makes its own Iceberg commits, so tables are independent: they run on a bounded
-pool of threads, each thread's Spark jobs in a scheduler pool of its own (under
-``spark.scheduler.mode=FAIR`` a large table then does not hold up the small ones). A step that
-loses a commit race to another writer is redone from the new state. A table that fails lets the
-others finish theirs; the run then fails with the first error.
+pool of threads, each thread in a session of its own (a commit's summary keys are session
+settings: ``spark/iceberg.py``) and, in a spark-submit driver, its Spark jobs in a scheduler pool
+of its own (under ``spark.scheduler.mode=FAIR`` a large table then does not hold up the small
+ones). A step that loses a commit race to another writer is redone from the new state. A table
+that fails lets the others finish theirs; the run then fails with the first error.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TypeVar
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.errors import ApplyError, ConcurrentWriteError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
 from airflow_provider_postgres_cdc.spark.iceberg import is_conflict
+from airflow_provider_postgres_cdc.spark.runtime import SPARK_ERRORS, close_fork, fork_session, is_connect
 
 log = logging.getLogger("postgres_cdc.apply")
 
@@ -34,19 +34,31 @@ _Result = TypeVar("_Result")
 def run_tables(
     spark: SparkSession,
     specs: Sequence[TableManifest],
-    step: Callable[[TableManifest], _Result],
+    step: Callable[[SparkSession, TableManifest], _Result],
     parallelism: int,
 ) -> list[_Result]:
-    """``step`` for every table, up to ``parallelism`` at once; the results in ``specs``' order."""
+    """``step`` for every table in its thread's session, up to ``parallelism`` at once; the results
+    in ``specs``' order."""
     if parallelism < 1:
         raise ApplyError(f"--table-parallelism must be a positive number, not {parallelism}")
+    sessions = threading.local()
+    forks: list[SparkSession] = []
 
     def one(spec: TableManifest) -> _Result:
-        spark.sparkContext.setLocalProperty("spark.scheduler.pool", threading.current_thread().name)
-        return with_retries(step, spec)
+        if not hasattr(sessions, "spark"):
+            sessions.spark = fork_session(spark)
+            forks.append(sessions.spark)
+            if not is_connect(spark):
+                pool = threading.current_thread().name
+                sessions.spark.sparkContext.setLocalProperty("spark.scheduler.pool", pool)
+        return with_retries(lambda table: step(sessions.spark, table), spec)
 
-    with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pgl-table") as pool:
-        futures = [pool.submit(one, spec) for spec in specs]
+    try:
+        with ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="pgl-table") as pool:
+            futures = [pool.submit(one, spec) for spec in specs]
+    finally:
+        for fork in forks:
+            close_fork(fork)
     failures = [(spec, f.exception()) for spec, f in zip(specs, futures, strict=True) if f.exception()]
     for spec, error in failures:
         log.error("%s: failed: %s", spec.qualified, error)
@@ -60,14 +72,14 @@ def with_retries(step: Callable[[TableManifest], _Result], spec: TableManifest) 
     for attempt in range(1, CONFLICT_ATTEMPTS):
         try:
             return step(spec)
-        except (PySparkException, Py4JJavaError) as exc:
+        except SPARK_ERRORS as exc:
             if not is_conflict(exc):
                 raise
             log.warning("%s: lost a commit race; redoing it from the new state (attempt %d)",
                         spec.qualified, attempt + 1)  # fmt: skip
     try:
         return step(spec)
-    except (PySparkException, Py4JJavaError) as exc:
+    except SPARK_ERRORS as exc:
         if not is_conflict(exc):
             raise
         raise ConcurrentWriteError(

@@ -58,7 +58,7 @@ class LakeReader:
 
     def state(self, tdef: TableDef) -> TableState:
         tables = IcebergTables(self.spark, self.config)
-        state = tables.state(tables.java_table(self.config.identifier(tdef.schema, tdef.table)))
+        state = tables.state(tables.table(self.config.identifier(tdef.schema, tdef.table)))
         assert state is not None, f"{tdef.dirname} has no pipeline commit"
         return state
 
@@ -72,9 +72,9 @@ class LakeReader:
     def current(self, tdef: TableDef) -> tuple[int, int]:
         """(current snapshot id, number of snapshots): both unchanged means nothing was committed."""
         tables = IcebergTables(self.spark, self.config)
-        table = tables.java_table(self.config.identifier(tdef.schema, tdef.table))
-        assert table is not None and table.currentSnapshot() is not None
-        return int(table.currentSnapshot().snapshotId()), len(self.snapshots(tdef))
+        table = tables.table(self.config.identifier(tdef.schema, tdef.table))
+        assert table is not None and table.snapshot_id is not None
+        return table.snapshot_id, len(self.snapshots(tdef))
 
     def tags(self, tdef: TableDef) -> dict[str, int]:
         rows = self.spark.sql(f"SELECT name, type, snapshot_id FROM {self.name(tdef)}.refs").collect()

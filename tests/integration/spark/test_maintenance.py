@@ -73,7 +73,9 @@ def test_maintenance_keeps_rows_cuts_and_state(
     assert _count(spark, f"SELECT count(*) FROM {name}.delete_files") > 0
     assert len([t for t in reader.tags(ORDERS)]) == 5  # the snapshot's cut and four batches'
     tables = IcebergTables(spark, lake_config)
-    location = tables.java_table(lake_config.identifier("public", "orders")).location()
+    lake_orders = tables.table(lake_config.identifier("public", "orders"))
+    assert lake_orders is not None
+    location = lake_orders.location
     orphan = Path(location.removeprefix("file:")) / "data" / "left-by-a-crashed-writer.parquet"
     orphan.write_bytes(b"not referenced by any snapshot")
     two_days_ago = (datetime.now(UTC) - timedelta(days=2)).timestamp()
@@ -104,7 +106,9 @@ def test_maintenance_keeps_rows_cuts_and_state(
     # Old snapshots are gone; what remains is the kept cuts plus the walk to the pipeline state.
     remaining = {s for s, _, _ in reader.snapshots(ORDERS)}
     assert summary.snapshots_expired > 0 and len(remaining) < snapshots_before
-    walk = [s for s, _ in tables.history(tables.java_table(lake_config.identifier("public", "orders")))]
+    table = tables.table(lake_config.identifier("public", "orders"))
+    assert table is not None
+    walk = [s for s, _ in table.history()]
     assert remaining == set(walk) | set(reader.tags(ORDERS).values())
     # The pipeline state reads exactly as before: same snapshot, batch and LSNs. (With retain_last=1
     # the rewrite commits' ancestors are expired and the table reads as having no state at all.)

@@ -112,7 +112,8 @@ class Lake(LakeReader):
         A losing attempt's MERGE snapshot stays on its merge branch, never in main's history.
         """
         tables = iceberg.IcebergTables(self.spark, self.config)
-        history = list(tables.history(tables.java_table(self.config.identifier(tdef.schema, tdef.table))))
+        table = tables.table(self.config.identifier(tdef.schema, tdef.table))
+        history = list(table.history()) if table is not None else []
         return [
             (summary["pgl.batch-id"], summary["pgl.base-lsn"], summary["pgl.applied-end-lsn"])
             for _, summary in reversed(history)
