@@ -6,6 +6,7 @@ Also the one in-process Spark session every integration directory shares.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,11 +33,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One local Iceberg session for the whole run (2 cores: keep it small; its start costs ~10 s).
+    """One local Iceberg session for the whole run (2 cores: keep it small; its start costs ~10 s),
+    or, with pyspark's ``SPARK_REMOTE`` set, a client session of that Spark Connect server.
 
     Each test registers its own lake under its own catalog name (``register_lake``), so sharing it
     shares no tables.
     """
-    session = local_session("postgres-cdc-tests")
+    remote = os.environ.get("SPARK_REMOTE")
+    session = (
+        SparkSession.builder.remote(remote).getOrCreate() if remote else local_session("postgres-cdc-tests")
+    )
     yield session
     session.stop()

@@ -1,12 +1,15 @@
-"""The jobs' own tests again on Spark 4.1 with Iceberg 1.12: merge, state, crashes, races, types, maintenance.
+"""The jobs' own tests again on Spark 4.1 with Iceberg 1.12, in a driver and on a Spark Connect server.
 
 pyspark 4 cannot share a process with the pyspark 3.5 the suite imports, so a chosen subset of
 this directory's tests runs in a pytest of its own whose pyspark is the 4.1 line's
-(tests/spark_lines.py), with the 4.1 lake jars: in-process, in that run's one Spark session, as
-on 3.5. ``make test``'s subset reaches every Iceberg API the jobs call through py4j
-(``CommitMetadata``, ``Spark3Util.loadIcebergTable``, schema and partition spec updates, branches,
-tags, empty overwrites, conflicts) and every stored procedure of the maintenance job;
-``make test-long`` runs more of the directory's tests the same way.
+(tests/spark_lines.py), with the 4.1 lake jars, once per route: in-process, in that run's one
+Spark driver, as on 3.5 and as under spark-submit; and as a client of a Spark Connect server
+(pyspark's ``SPARK_REMOTE``), as the operators run the jobs on a ``spark_connect`` connection.
+The same test code, the same job code. ``make test``'s subset reaches every kind of write the
+jobs make (summary keys from the session's snapshot properties, state from metadata tables,
+schema and partition spec changes, branches and fast-forwards, tags, empty commits, conflicts)
+and every stored procedure of the maintenance job; ``make test-long`` runs more of the
+directory's tests the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import sys
 
 import pytest
 
-from tests.spark_lines import ROOT, SPARK_41, spark_line_named
+from airflow_provider_postgres_cdc.testing.spark_connect import SparkConnectServer
+from tests.spark_lines import ROOT, SPARK_41, SparkLine, spark_line_named
 
 _SPARK = "tests/integration/spark"
 # In ``make test``: a crash between tables and its re-run, merge-on-read delete files, a partition
@@ -42,18 +46,32 @@ LONG_SUBSET = (
 pytestmark = pytest.mark.spark
 
 
-def test_the_jobs_tests_pass_on_spark_41() -> None:
-    run_on_spark_41(SUBSET)
+ROUTES = pytest.mark.parametrize("route", ["driver", "connect"])
+
+
+@ROUTES
+def test_the_jobs_tests_pass_on_spark_41(route: str) -> None:
+    run_on_spark_41(SUBSET, route)
 
 
 @pytest.mark.long
-def test_more_of_the_jobs_tests_pass_on_spark_41() -> None:
-    run_on_spark_41(LONG_SUBSET)
+@ROUTES
+def test_more_of_the_jobs_tests_pass_on_spark_41(route: str) -> None:
+    run_on_spark_41(LONG_SUBSET, route)
 
 
-def run_on_spark_41(subset: tuple[str, ...]) -> None:
-    """``subset`` in a pytest of its own on the 4.1 line; every one of its tests must pass."""
+def run_on_spark_41(subset: tuple[str, ...], route: str) -> None:
+    """``subset`` in a pytest of its own on the 4.1 line, in its own driver or (``route`` "connect")
+    as a client of a Spark Connect server; every one of its tests must pass."""
     line = spark_line_named(SPARK_41)
+    if route == "connect":
+        with SparkConnectServer(line.spark_home, jars=line.jars()) as server:
+            _run_subset(subset, line, {"SPARK_REMOTE": server.url})
+    else:
+        _run_subset(subset, line, {})
+
+
+def _run_subset(subset: tuple[str, ...], line: SparkLine, extra: dict[str, str]) -> None:
     # The test virtualenv's Python with the 4.1 line's pyspark (and py4j) ahead of its own 3.5;
     # Spark's Python workers inherit the path. The run is a session of its own, not an xdist worker.
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
@@ -64,6 +82,7 @@ def run_on_spark_41(subset: tuple[str, ...]) -> None:
         PYSPARK_PYTHON=sys.executable,
         PYSPARK_DRIVER_PYTHON=sys.executable,
         POSTGRES_CDC_SPARK_JARS=line.jars(),
+        **extra,
     )
     probe = subprocess.run(
         [sys.executable, "-c", "import pyspark; print(pyspark.__version__)"],
