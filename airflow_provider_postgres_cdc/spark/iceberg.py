@@ -31,7 +31,7 @@ from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.partitioning import PARTITION_PROPERTY, PartitionField, spec_text
 from airflow_provider_postgres_cdc.spark.commit_summaries import SummaryWriter, summary_writer
 from airflow_provider_postgres_cdc.spark.lake_failures import root_cause
-from airflow_provider_postgres_cdc.spark.lake_table import LakeTable, read_table
+from airflow_provider_postgres_cdc.spark.lake_table import LakeTable, is_missing, read_table
 from airflow_provider_postgres_cdc.spark.partitioning import (
     SOURCES_PROPERTY,
     partition_clause,
@@ -100,9 +100,13 @@ class IcebergTables:
                 "warehouse; the apply operator adds them from its lake connection) and the Iceberg "
                 "runtime jar"
             )
-        try:
-            self.spark.sql(f"SHOW NAMESPACES IN {quote(name)}").collect()  # any answer: it is reachable
+        try:  # any answer will do, "no such namespace" too: the catalog is reachable
+            self.spark.sql(
+                f"DESCRIBE NAMESPACE {quote(name)}.{quote(lake_index.index_namespace(self.config))}"
+            )
         except SPARK_ERRORS as exc:
+            if is_missing(exc):
+                return
             cause = root_cause(str(exc)) or type(exc).__name__
             raise CatalogError(
                 f"cannot reach Iceberg catalog {name!r} ({cause}): check its uri and credentials "

@@ -16,7 +16,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.errors import IcebergRuntimeError, PostgresCdcError
@@ -27,7 +26,9 @@ from airflow_provider_postgres_cdc.formats.lake import (
     iceberg_runtime_problem,
 )
 from airflow_provider_postgres_cdc.spark.changes import CHECKPOINT_DIR_CONF
+from airflow_provider_postgres_cdc.spark.job_session import job_session
 from airflow_provider_postgres_cdc.spark.lake_failures import JobLake, java_text, lake_failure
+from airflow_provider_postgres_cdc.spark.runtime import SPARK_ERRORS, iceberg_version, is_connect
 from airflow_provider_postgres_cdc.spark.sqlite_catalog import create_catalog_tables
 from airflow_provider_postgres_cdc.spark.staged import base_dir
 
@@ -47,12 +48,13 @@ def run_job(parser: argparse.ArgumentParser, body: JobBody, argv: Sequence[str] 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started_here = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
-    spark = SparkSession.builder.appName(parser.prog).getOrCreate()
+    spark = job_session(parser.prog)  # spark-submit's session, or a Spark Connect server's (job_session.py)
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     checkpoints = _use_checkpoint_dir(spark)
     try:
-        check_iceberg_runtime(spark)
-        create_catalog_tables(spark, args.catalog)
+        check_iceberg_runtime(spark, args.catalog)
+        if not is_connect(spark):  # a Connect server's catalog tables are its operator's to create
+            create_catalog_tables(spark, args.catalog)
         names = cast(NameRule, spark.conf.get(NAMES_CONF, None) or "preserve")  # LakeConfig checks it
         config = LakeConfig(catalog=args.catalog, namespace_prefix=args.namespace_prefix, names=names)
         for line in body(spark, config, args):
@@ -92,10 +94,24 @@ def job_lake(spark: SparkSession, args: argparse.Namespace) -> JobLake:
     )
 
 
-def check_iceberg_runtime(spark: SparkSession) -> None:
+def check_iceberg_runtime(spark: SparkSession, catalog: str) -> None:
     """Stop with :class:`IcebergRuntimeError`, naming the artifact to pass, unless the job's classpath
     holds Iceberg's Spark runtime built for this Spark and Scala (a wrong one fails deep inside a
-    MERGE, with an ``AbstractMethodError`` or ``NoSuchMethodError``)."""
+    MERGE, with an ``AbstractMethodError`` or ``NoSuchMethodError``). A Connect server is asked
+    for its Iceberg runtime's version instead (``spark/commit_summaries.py`` says which it needs)."""
+    if is_connect(spark):
+        try:
+            iceberg_version(spark, catalog)
+        except SPARK_ERRORS as exc:
+            raise IcebergRuntimeError(
+                f"the Spark Connect server (Spark {spark.version}) answers no Iceberg runtime for catalog "
+                f"{catalog!r} ({java_text(exc).splitlines()[0][:300]}): start it with the Iceberg Spark "
+                "runtime on --jars and spark.sql.extensions="
+                "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions (docs/LAKE.md)"
+            ) from exc
+        return
+    from py4j.protocol import Py4JJavaError
+
     jvm: Any = spark._jvm
     scala = str(jvm.scala.util.Properties.versionNumberString())
     try:
@@ -118,7 +134,7 @@ def _use_checkpoint_dir(spark: SparkSession) -> str | None:
     deleted when the job ends (the checkpoints only serve the job's own stages).
     """
     root = spark.conf.get(CHECKPOINT_DIR_CONF, "") or ""
-    if not root:
+    if not root or is_connect(spark):  # a Connect server's checkpoints are its own settings'
         return None
     context = spark.sparkContext
     context.setCheckpointDir(root)

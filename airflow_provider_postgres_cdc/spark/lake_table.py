@@ -22,7 +22,7 @@ from airflow_provider_postgres_cdc.formats.lake import TableState
 from airflow_provider_postgres_cdc.formats.partitioning import TEMPORAL, PartitionField
 
 # A table, or the namespace it would be in, does not exist (Spark's and Iceberg's names for it).
-MISSING = ("NoSuchTableException", "TABLE_OR_VIEW_NOT_FOUND", "NoSuchNamespaceException")
+MISSING = ("NoSuchTableException", "TABLE_OR_VIEW_NOT_FOUND", "NoSuchNamespaceException", "SCHEMA_NOT_FOUND")
 # Iceberg's property holding the main branch's snapshot id (absent before the first commit).
 CURRENT_SNAPSHOT = "current-snapshot-id"
 _DESCRIBED = re.compile(r"^\s*([a-z]+)\((?:(\d+),\s*)?(.+)\)\s*$")
