@@ -213,6 +213,11 @@ class IcebergRuntimeError(PostgresCdcError):
     """The Spark job has no Iceberg runtime, or one built for another Spark or Scala version."""
 
 
+class SparkConnectError(PostgresCdcError):
+    """The Spark Connect server of a pipeline cannot run its jobs: unreachable, a refused token, an
+    Iceberg runtime it lacks, or a staging location it cannot read."""
+
+
 class MaintenanceError(PostgresCdcError):
     """The maintenance job was called wrongly (a bad argument); nothing was changed."""
 
