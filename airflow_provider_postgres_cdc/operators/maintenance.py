@@ -24,7 +24,8 @@ from airflow_provider_postgres_cdc.spark import MAINTAIN_JOB_PATH
 
 
 class PostgresCdcLakeMaintenanceOperator(LakeSparkJobOperator):
-    """Compact, expire and clean the Iceberg tables of one slot's pipeline with ``spark-submit``.
+    """Compact, expire and clean the Iceberg tables of one slot's pipeline with ``spark-submit`` or on a
+    Spark Connect server.
 
     Runs ``rewrite_data_files`` (and ``rewrite_position_delete_files`` on merge-on-read tables),
     drops consistent-cut tags beyond the newest ``keep_cuts``, ``expire_snapshots`` and
@@ -40,7 +41,10 @@ class PostgresCdcLakeMaintenanceOperator(LakeSparkJobOperator):
         the longest apply or load, whose uncommitted files would otherwise look orphaned (templated).
     :param skip: steps left out, a list or a comma-separated string of ``rewrite``, ``tags``,
         ``expire``, ``orphans`` (templated).
-    :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
+    :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode), or a
+        ``spark_connect`` one: the job then runs on that Spark Connect server, as a client started
+        with ``connect_python`` (:class:`LakeSparkJobOperator`; docs/LAKE.md, "Spark Connect") (templated).
+    :param connect_python: the Spark Connect client's Python (templated).
     """
 
     template_fields: Sequence[str] = (

@@ -30,7 +30,7 @@ from airflow_provider_postgres_cdc.spark import APPLY_JOB_PATH, TABLE_PARALLELIS
 
 
 class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
-    """Apply a snapshot or change batch to the Iceberg lake with ``spark-submit`` (no hand-written command).
+    """Apply a snapshot or change batch to the Iceberg lake: ``spark-submit``, or on a Spark Connect server.
 
     See :class:`LakeSparkJobOperator` for the Spark and lake settings. The job is idempotent: a
     table that already holds the batch is skipped, and a re-run after a crash converges.
@@ -40,7 +40,10 @@ class PostgresCdcSparkApplyOperator(LakeSparkJobOperator):
     :param tables: optional ``schema.table`` names restricting the run (templated).
     :param write_mode: row-level write mode of tables the job creates: ``merge-on-read`` (default:
         docs/LAKE.md says why) or ``copy-on-write`` (templated).
-    :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode) (templated).
+    :param spark_conn_id: the Spark connection (``spark://local%5B2%5D`` for local mode), or a
+        ``spark_connect`` one: the job then runs on that Spark Connect server, as a client started
+        with ``connect_python`` (:class:`LakeSparkJobOperator`; docs/LAKE.md, "Spark Connect") (templated).
+    :param connect_python: the Spark Connect client's Python (templated).
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store: the manifest is read
         here with it, and the job's executors read the staged files with its endpoint and keys through
         ``s3a`` (the secret in the job's private properties file); ``None``: the worker's and the
