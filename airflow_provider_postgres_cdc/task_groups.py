@@ -108,6 +108,7 @@ def cdc_microbatch_task_group(
     spark_conf: Mapping[str, Any] | None = None,
     spark_env_vars: Mapping[str, Any] | None = None,
     spark_binary: str | None = None,
+    connect_python: str | None = None,
     pool: str | None = None,
     staging_conn_id: str | None = None,
     table_parallelism: int | str = TABLE_PARALLELISM,
@@ -123,6 +124,9 @@ def cdc_microbatch_task_group(
     :param lag_sensor: keyword arguments of :class:`PostgresCdcSlotLagSensor` (for example
         ``{"min_lag_bytes": 16 << 20, "mode": "reschedule"}``); ``None`` leaves the sensor out.
         Its ``min_lag_bytes`` is also the lag under which catch-up stops.
+    :param connect_python: with a ``spark_connect`` Spark connection, the Spark Connect client's
+        Python of the apply, and of the check the drain runs of the server first (docs/LAKE.md,
+        "Spark Connect"); default ``POSTGRES_CDC_CONNECT_PYTHON``, else the worker's Python.
     :param pool: Airflow pool of the ``apply`` task; share it with the lake's re-snapshot loads.
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store (endpoint and keys),
         for the drain, the apply's manifest read and the ack; ``None``: pyarrow's environment chain.
@@ -157,6 +161,9 @@ def cdc_microbatch_task_group(
             lake_conn_id=lake_conn_id,
             column_transforms=column_transforms,
             hash_key_conn_id=hash_key_conn_id,
+            # A spark_connect server is checked before anything is drained (docs/LAKE.md, "Spark Connect").
+            spark_conn_id=spark_conn_id,
+            connect_python=connect_python,
         )
         manifest = f"{{{{ ti.xcom_pull(task_ids='{drain.task_id}')['manifest'] }}}}"
         apply = PostgresCdcSparkApplyOperator(
@@ -167,6 +174,7 @@ def cdc_microbatch_task_group(
             conf=dict(spark_conf or {}),
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
+            connect_python=connect_python,
             staging_conn_id=staging_conn_id,
             table_parallelism=table_parallelism,
             partition_by=partition_by,
@@ -218,6 +226,7 @@ def snapshot_task_group(
     spark_conf: Mapping[str, Any] | None = None,
     spark_env_vars: Mapping[str, Any] | None = None,
     spark_binary: str | None = None,
+    connect_python: str | None = None,
     pool: str | None = None,
     staging_conn_id: str | None = None,
     copy_engine: CopyEngine = "local",
@@ -240,6 +249,8 @@ def snapshot_task_group(
     :param publish: tables to add to the first of ``publications`` first (``"schema.table"`` or
         ``{"table", "columns", "row_filter"}``); ``None`` leaves the task out. Include them in
         ``tables`` too, or leave ``tables`` empty.
+    :param connect_python: with a ``spark_connect`` Spark connection, the Spark Connect client's
+        Python of the load, as the CDC group takes it.
     :param pool: Airflow pool of the ``load`` task; share it with the pipeline's CDC apply.
     :param staging_conn_id: the ``aws`` connection of an ``s3://`` staging store.
     :param copy_engine: ``"local"`` (in the worker) or ``"spark"`` (:class:`PostgresCdcSnapshotOperator`).
@@ -283,6 +294,7 @@ def snapshot_task_group(
             conf=dict(spark_conf or {}),
             env_vars=dict(spark_env_vars or {}),
             spark_binary=spark_binary,
+            connect_python=connect_python,
             staging_conn_id=staging_conn_id,
             table_parallelism=table_parallelism,
             partition_by=partition_by,

@@ -43,6 +43,13 @@ class PostgresCdcDrainOperator(BaseOperator):
         (docs/LAKE.md, "Column transforms"); a JSON text of it too (templated).
     :param hash_key_conn_id: the connection whose password is the hash key
         (:class:`PostgresCdcHashKeyHook`; default ``postgres_cdc_hash_key``) (templated).
+    :param spark_conn_id: the Spark connection of the apply that follows: when it is a
+        ``spark_connect`` one, its server is checked before anything is drained (it answers and takes
+        the token; Spark 4 with Iceberg 1.11 or later and Iceberg's SQL extensions; it can read
+        ``staging``: docs/LAKE.md, "Spark Connect"); ``None`` or another type checks nothing. Needs
+        the ``spark`` extra (templated).
+    :param connect_python: the Spark Connect client's Python that check runs, as the apply's
+        ``connect_python`` (templated).
     """
 
     template_fields: Sequence[str] = (
@@ -59,6 +66,8 @@ class PostgresCdcDrainOperator(BaseOperator):
         "lake_conn_id",
         "column_transforms",
         "hash_key_conn_id",
+        "spark_conn_id",
+        "connect_python",
     )
     ui_color = "#c6e2ff"
 
@@ -78,6 +87,8 @@ class PostgresCdcDrainOperator(BaseOperator):
         lake_conn_id: str | None = None,
         column_transforms: Mapping[str, Mapping[str, str]] | str | None = None,
         hash_key_conn_id: str | None = None,
+        spark_conn_id: str | None = None,
+        connect_python: str | None = None,
         **kwargs: Any,
     ) -> None:
         if not is_template(column_transforms):
@@ -98,6 +109,8 @@ class PostgresCdcDrainOperator(BaseOperator):
         self.lake_conn_id = lake_conn_id
         self.column_transforms = column_transforms
         self.hash_key_conn_id = hash_key_conn_id
+        self.spark_conn_id = spark_conn_id
+        self.connect_python = connect_python
 
     def execute(self, context: Context) -> dict[str, Any]:
         # The engine (pyarrow) loads when the task runs, not when its DAG is parsed.
@@ -106,6 +119,16 @@ class PostgresCdcDrainOperator(BaseOperator):
 
         check_staging(self.staging)
         check_choice("transport", self.transport, TRANSPORTS)
+        if self.spark_conn_id:
+            # The Spark provider is imported only now: the drain alone does not need the `spark` extra.
+            from airflow_provider_postgres_cdc.operators.lake_job import check_spark_connect
+
+            found = check_spark_connect(
+                self.spark_conn_id, lake_conn_id=self.lake_conn_id, staging=self.staging,
+                python=self.connect_python or None,
+            )  # fmt: skip
+            if found:
+                self.log.info("%s", found)
         publications = [self.publications] if isinstance(self.publications, str) else list(self.publications)
         settings = DrainSettings(
             slot=self.slot_name,
