@@ -420,8 +420,8 @@ class ApplyJob:
             if spec.files and (state is None or state.applied_end_lsn < m.end_lsn):
                 log.info("%s not applied yet: no cut tagged for %s", spec.qualified, m.batch_id)
                 return
-        created = self.tables.tag_cut(m.slot, m.end_lsn)
-        log.info("cut %s at %s: %d tag(s) created", lake.tag_name(m.end_lsn), m.end_lsn, created)
+        tagged = self.tables.tag_cut(m.slot, m.end_lsn)
+        log.info("cut %s at %s: %d table(s) tagged", lake.tag_name(m.end_lsn), m.end_lsn, tagged)
 
 
 def _names(spec: TableManifest) -> list[str]:

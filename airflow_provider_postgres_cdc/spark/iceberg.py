@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as sf
@@ -29,6 +30,7 @@ from airflow_provider_postgres_cdc.formats.history import HISTORY_PROPERTY, Hist
 from airflow_provider_postgres_cdc.formats.lake import WRITE_MODES, LakeConfig, TableState
 from airflow_provider_postgres_cdc.formats.lsn import Lsn
 from airflow_provider_postgres_cdc.formats.partitioning import PARTITION_PROPERTY, PartitionField, spec_text
+from airflow_provider_postgres_cdc.spark import TABLE_PARALLELISM
 from airflow_provider_postgres_cdc.spark.commit_summaries import SummaryWriter, summary_writer
 from airflow_provider_postgres_cdc.spark.lake_failures import root_cause
 from airflow_provider_postgres_cdc.spark.lake_table import LakeTable, is_missing, read_table
@@ -370,30 +372,38 @@ class IcebergTables:
         """The data tables of ``slot``'s pipeline: those its index names that exist and carry the
         slot's table property (the index narrows, the property confirms). The catalog is never
         listed, so other tables in it cost nothing."""
-        owned = []
-        for identifier in self.indexed(slot):
-            table = self.table(identifier)
-            if table is not None and table.properties.get(lake.OWNER_PROPERTY) == slot:
-                owned.append(identifier)
-        return owned
+        return [identifier for identifier, _ in self._owned(slot)]
+
+    def _owned(self, slot: str) -> list[tuple[tuple[str, str], LakeTable]]:
+        """:meth:`owned_tables` with each table as read, the reads overlapping (each is a round trip
+        to the catalog, and a pipeline may have hundreds of tables)."""
+        indexed = self.indexed(slot)
+        with ThreadPoolExecutor(max_workers=TABLE_PARALLELISM, thread_name_prefix="pgl-read") as pool:
+            read = list(pool.map(self.table, indexed))
+        return [
+            (identifier, table)
+            for identifier, table in zip(indexed, read, strict=True)
+            if table is not None and table.properties.get(lake.OWNER_PROPERTY) == slot
+        ]
 
     def tag_cut(self, slot: str, end_lsn: Lsn) -> int:
-        """Tag every owned table at its snapshot as of ``end_lsn``; returns the tags created.
+        """Tag every owned table at its snapshot as of ``end_lsn``; returns how many tables carry the
+        tag now, several at once.
 
         Idempotent: an existing tag is kept. A table with no pipeline commit by then is left out.
         """
         tag = lake.tag_name(end_lsn)
-        created = 0
-        for identifier in self.owned_tables(slot):
-            table = self.table(identifier)
-            if table is None or tag in table.refs:
-                continue
+
+        def one(owned: tuple[tuple[str, str], LakeTable]) -> bool:
+            identifier, table = owned
             snapshot_id = lake.snapshot_at(table.history(), end_lsn)
             if snapshot_id is None:
-                continue
+                return False
             self.spark.sql(
                 f"ALTER TABLE {self.name(identifier)} CREATE TAG IF NOT EXISTS {quote(tag)} "
                 f"AS OF VERSION {snapshot_id}"
             )
-            created += 1
-        return created
+            return True
+
+        with ThreadPoolExecutor(max_workers=TABLE_PARALLELISM, thread_name_prefix="pgl-tag") as pool:
+            return sum(pool.map(one, self._owned(slot)))
