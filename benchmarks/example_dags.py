@@ -18,9 +18,16 @@ DAGS = Path(__file__).resolve().parents[1] / "dags_examples"
 SPARK_LOCAL = "spark://local%5B2%5D"
 
 
-def example_dags_sandbox(home: Path, source_uri: str, lake: LakeConfig) -> AirflowSandbox:
-    """An Airflow home for ``dags_examples`` with the pipeline's three connections."""
-    connections = {"bench": source_uri, "spark_local": SPARK_LOCAL, "lake": connection_json(lake)}
+def example_dags_sandbox(
+    home: Path, source_uri: str, lake: LakeConfig, more: dict[str, str] | None = None
+) -> AirflowSandbox:
+    """An Airflow home for ``dags_examples`` with the pipeline's three connections (and ``more``)."""
+    connections = {
+        "bench": source_uri,
+        "spark_local": SPARK_LOCAL,
+        "lake": connection_json(lake),
+        **(more or {}),
+    }
     return AirflowSandbox(home, DAGS, connections=connections)
 
 

@@ -89,6 +89,19 @@ class AirflowSandbox(AirflowHome):
             for uri, extra, stamp, dag, task in rows
         ]
 
+    def task_seconds(self, task_id: str) -> float:
+        """How long the newest run of the task ``task_id`` (a task group's prefix aside) took, from
+        the sandbox's metadata database."""
+        with sqlite3.connect(self.home / "airflow.db") as db:
+            row = db.execute(
+                "SELECT (julianday(end_date) - julianday(start_date)) * 86400 FROM task_instance "
+                "WHERE task_id = ? OR task_id LIKE ? ORDER BY start_date DESC LIMIT 1",
+                (task_id, f"%.{task_id}"),
+            ).fetchone()
+        if row is None or row[0] is None:
+            raise LookupError(f"no finished run of task {task_id!r} in {self.home}")
+        return float(row[0])
+
     def dags_test(
         self,
         dag_id: str,
