@@ -154,8 +154,11 @@ soak: lake-jars spark-cds
 e2e-on-lag: lake-jars spark-cds
 	POSTGRES_CDC_ON_LAG_E2E=1 $(BIN)/python -m pytest tests/integration/e2e/test_cdc_on_lag.py -q
 
-demo: venv lake-jars
-	$(BIN)/python -m airflow_provider_postgres_cdc.demo
+# The snapshot by spark-submit (Spark 3.5), the CDC rounds on a warm Spark Connect server (Spark 4.1
+# with Iceberg 1.12, from .venv-spark4), each round's seconds printed.
+demo: venv lake-jars spark4
+	$(BIN)/python -m airflow_provider_postgres_cdc.demo --connect-python $(CURDIR)/$(SPARK4_VENV)/bin/python \
+		--connect-jars $(shell tools/lake-jars/jars.sh list 4.1 $(CURDIR)/$(VENV)/lake-jars/spark-4.1)
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) $(SPARK4_VENV) $(SPARK4_VENV).log $(SPARK4_VENV).pid .pytest_cache .mypy_cache .ruff_cache
