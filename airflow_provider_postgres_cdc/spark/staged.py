@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
@@ -29,7 +30,7 @@ from pyspark.sql.types import (
 from airflow_provider_postgres_cdc.errors import ApplyError, SchemaConflictError
 from airflow_provider_postgres_cdc.formats.manifest import Manifest, TableManifest
 from airflow_provider_postgres_cdc.spark.changes import COMMIT_LSN, OLD, column
-from airflow_provider_postgres_cdc.spark.runtime import SPARK_ERRORS
+from airflow_provider_postgres_cdc.spark.runtime import SPARK_ERRORS, is_connect
 from airflow_provider_postgres_cdc.spark.widening import widened
 
 
@@ -43,13 +44,52 @@ def read_text(spark: SparkSession, path: str) -> str | None:
                 return handle.read()
         except FileNotFoundError:
             return None
-    try:  # read where the job's Spark reads (a Connect server, too), with its file system settings
-        rows = spark.read.text(path, wholetext=True).collect()
-    except SPARK_ERRORS as exc:
-        if "PATH_NOT_FOUND" in str(exc) or "FileNotFoundException" in str(exc):
+    if is_connect(spark):
+        return _client_read(spark, path)
+    jvm: Any = spark._jvm
+    jpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = jpath.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    if not fs.exists(jpath):
+        return None
+    stream = fs.open(jpath)
+    try:
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
+def _client_read(spark: SparkSession, path: str) -> str | None:
+    """A small file read by a Spark Connect client itself, with pyarrow: Spark's readers skip files
+    named ``_*`` (the manifest), and the client has no Hadoop. An ``s3``/``s3a`` path is read with
+    the ``fs.s3a`` settings the session holds for its bucket (or for every bucket)."""
+    from pyarrow import fs as pafs
+
+    parsed = urlparse(path)
+    filesystem: Any
+    if parsed.scheme in ("s3", "s3a"):
+
+        def setting(name: str) -> str | None:
+            for key in (f"fs.s3a.bucket.{parsed.netloc}.{name}", f"fs.s3a.{name}"):
+                value = spark.conf.get(key, None)
+                if value:
+                    return str(value)
             return None
-        raise
-    return str(rows[0][0]) if rows else ""
+
+        filesystem = pafs.S3FileSystem(
+            access_key=setting("access.key"),
+            secret_key=setting("secret.key"),
+            session_token=setting("session.token"),
+            endpoint_override=setting("endpoint"),
+            region=setting("endpoint.region") or "us-east-1",
+        )
+        where = parsed.netloc + parsed.path
+    else:
+        filesystem, where = pafs.FileSystem.from_uri(path)
+    try:
+        with filesystem.open_input_stream(where) as stream:
+            return bytes(stream.read()).decode("utf-8")
+    except FileNotFoundError:
+        return None
 
 
 def load_manifest(spark: SparkSession, path: str) -> Manifest:
