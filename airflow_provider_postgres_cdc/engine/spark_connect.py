@@ -37,7 +37,11 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from airflow_provider_postgres_cdc.errors import IcebergRuntimeError, SparkConnectError
-from airflow_provider_postgres_cdc.formats.lake import ICEBERG_RUNTIME_ARTIFACT, SPARK_EXTENSIONS
+from airflow_provider_postgres_cdc.formats.lake import (
+    ICEBERG_RUNTIME_ARTIFACT,
+    SESSION_PROPERTIES_SINCE,
+    SPARK_EXTENSIONS,
+)
 
 REMOTE_ENV = "SPARK_REMOTE"
 """pyspark's own variable: with it set, ``SparkSession.builder.getOrCreate()`` opens a Connect session."""
@@ -48,7 +52,6 @@ PYTHON_ENV = "POSTGRES_CDC_CONNECT_PYTHON"
 SESSION_CONF_NAME = "postgres-cdc-session.json"
 DEFAULT_PORT = 15002
 MIN_SPARK = (4, 0)
-MIN_ICEBERG = (1, 11)
 TESTED_ICEBERG = "1.12.0"
 CHECK_TIMEOUT = 120.0
 # Session settings by prefix: SQL settings, Hadoop settings (a session's SQL conf reaches Hadoop
@@ -362,7 +365,7 @@ def _judge(server: str, catalog: str, answer: Mapping[str, object]) -> ServerFac
             "the server itself must reach the catalog and its warehouse; correct the lake connection "
             "or the server's network"
         )
-    if _version(iceberg) < MIN_ICEBERG:
+    if _version(iceberg) < SESSION_PROPERTIES_SINCE:
         found = f"Iceberg {iceberg}'s" if iceberg else "an Iceberg"
         raise IcebergRuntimeError(
             f"the Spark Connect server {server} runs {found} Spark runtime, older than 1.11, which the jobs "
@@ -423,7 +426,6 @@ __all__ = [
     "SESSION_CONF_ENV",
     "ClientProcess",
     "ServerFacts",
-    "SparkConnectError",
     "check_reachable",
     "check_server",
     "check_staging",

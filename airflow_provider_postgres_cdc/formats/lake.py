@@ -326,6 +326,9 @@ def jdbc_defaults(uri: str) -> dict[str, str]:
 
 # Iceberg's Spark runtime artifacts: one per Spark line and Scala version (docs/LAKE.md, "Versions").
 ICEBERG_RUNTIME_ARTIFACT = "iceberg-spark-runtime-{spark}_{scala}"
+# The oldest Iceberg runtime that takes a commit's summary keys from the session configuration
+# (``spark.sql.iceberg.snapshot-property.<key>``): the only way a Spark Connect client can set them.
+SESSION_PROPERTIES_SINCE = (1, 11)
 _RUNTIME_IN_PATH = re.compile(r"iceberg-spark-runtime-(\d+\.\d+)_(\d+\.\d+)")
 
 

@@ -14,7 +14,8 @@ from typing import Any, Protocol
 from pyspark.sql import SparkSession
 
 from airflow_provider_postgres_cdc.errors import IcebergRuntimeError
-from airflow_provider_postgres_cdc.spark.runtime import SESSION_PROPERTIES_SINCE, iceberg_version, is_connect
+from airflow_provider_postgres_cdc.formats.lake import SESSION_PROPERTIES_SINCE
+from airflow_provider_postgres_cdc.spark.runtime import iceberg_version, is_connect
 
 SNAPSHOT_PROPERTY = "spark.sql.iceberg.snapshot-property."
 

@@ -21,10 +21,6 @@ except ImportError:  # pragma: no cover - depends on the installation
     SPARK_ERRORS = (PySparkException,)
 """What a failed Spark call raises: pyspark's errors, and py4j's where a classic driver lets one through."""
 
-# The oldest Iceberg runtime that takes a commit's summary keys from the session configuration
-# (``spark.sql.iceberg.snapshot-property.<key>``): the only way a Connect client can set them.
-SESSION_PROPERTIES_SINCE = (1, 11)
-
 
 def is_connect(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect client session (no JVM in this process)."""
